@@ -31,9 +31,10 @@ ST_DTYPE = {np.dtype(np.float32): "F32", np.dtype(ml_dtypes.bfloat16): "BF16", n
 
 # ---------------------------------------------------------------- safetensors writer
 def write_safetensors(path, tensors):
-    """tensors: dict name -> np.ndarray (f32, bf16 or u8). Data laid out in sorted name order."""
+    """tensors: dict name -> np.ndarray (f32, bf16 or u8). Like the safetensors package, data is laid out
+    by element size (largest first), then name, so every tensor is aligned to its element size."""
     header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
-    for name in sorted(tensors):
+    for name in sorted(tensors, key=lambda n: (-tensors[n].dtype.itemsize, n)):
         a = np.ascontiguousarray(tensors[name])
         b = a.tobytes()
         header[name] = {"dtype": ST_DTYPE[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
