@@ -21,7 +21,8 @@ bash scripts/build.sh build-asan -DK3_TESTS=ON -DK3_SANITIZE=ON -DCMAKE_BUILD_TY
 
 if command -v nvcc >/dev/null 2>&1; then
   echo "=== CUDA sources (sm_90a, compile only)"
-  bash scripts/build.sh build-cuda -DK3_TESTS=OFF -DK3_CUDA=ON -DCMAKE_CUDA_COMPILER="$(command -v nvcc)"
+  cmake -S . -B build-cuda -G Ninja -DK3_TESTS=OFF -DK3_CUDA=ON -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" >/dev/null
+  cmake --build build-cuda -j "$jobs" --target k3_cuda
 else
   echo "=== CUDA sources: skipped (no nvcc)"
 fi
