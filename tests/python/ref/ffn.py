@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .numerics import sigmoid, silu
+from .numerics import sigmoid, silu, top_k
 
 
 def glu_act(n, cfg, g: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -38,8 +38,7 @@ def route(cfg, x: np.ndarray, W_gate: np.ndarray, bias: np.ndarray):
     """x [T, D] -> (sel [T, k] expert ids in slot order, w [T, k] mixture weights)."""
     s = sigmoid(x @ W_gate.T)                                   # [T, E] unbiased scores
     c = s + bias                                                # choice scores (selection only)
-    ids = np.arange(s.shape[1])
-    sel = np.stack([np.lexsort((ids, -c[t]))[:cfg.n_expert_used] for t in range(s.shape[0])])
+    sel = np.stack([top_k(c[t], cfg.n_expert_used) for t in range(s.shape[0])])
     s_sel = np.take_along_axis(s, sel, axis=1)
     if cfg.renormalize:
         s_sel = s_sel / (np.sum(s_sel, axis=1, keepdims=True) + 1e-20)

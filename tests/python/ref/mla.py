@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .numerics import sigmoid, softmax
+from .numerics import sigmoid, softmax, top_k
 
 NORM_EPS = 1e-6   # q_a_layernorm, kv_a_layernorm, indexer k_norm (MODEL.md §3, §13 #5)
 
@@ -53,8 +53,7 @@ def dsa_select(n, cfg, W, x, cQ, state: MlaState, n_past: int, trace=None, tag="
         if visible <= cfg.dsa_topk:
             sel[t, :visible] = True
         else:
-            order = np.lexsort((np.arange(visible), -I[t, :visible]))   # score descending, then lower s
-            sel[t, order[:cfg.dsa_topk]] = True
+            sel[t, top_k(I[t, :visible], cfg.dsa_topk)] = True
     if trace is not None:
         trace[tag + "dsa_index_scores"] = I
         trace[tag + "dsa_selected"] = sel

@@ -15,9 +15,12 @@ Usage:
     logits = ref.forward(tokens)                      # [T, vocab], one shot
     st = ref.new_state(); ref.forward(a, st); ref.forward(b, st)   # pieces with carried state
     trace = {}; ref.forward(tokens, trace=trace)      # named intermediates, e.g. trace["l3.attn_out"]
-Alternative paths for self-checks: kda_chunk=C (chunkwise KDA), mla_absorbed=True, dsa_topk=N (override).
+Alternative paths for self-checks: kda_chunk=C (chunkwise KDA), mla_absorbed=True, dsa_topk=N (override),
+dsa_as_mla=True (DSA layers run dense MLA, the indexer unused).
 """
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 
@@ -39,11 +42,14 @@ class State:
 
 
 class Reference:
-    def __init__(self, model, precision="fp32", kda_chunk=None, mla_absorbed=False, dsa_topk=None):
+    def __init__(self, model, precision="fp32", kda_chunk=None, mla_absorbed=False, dsa_topk=None,
+                 dsa_as_mla=False):
         self.ck = model if isinstance(model, Checkpoint) else Checkpoint(model)
-        self.cfg = self.ck.config
+        self.cfg = copy.deepcopy(self.ck.config)
         if dsa_topk is not None:
-            self.cfg = type(self.cfg)(**{**self.cfg.__dict__, "dsa_topk": dsa_topk})
+            self.cfg.dsa_topk = dsa_topk                     # override index_topk (self-checks)
+        if dsa_as_mla:
+            self.cfg.layer_attn = ["mla" if a == "dsa" else a for a in self.cfg.layer_attn]   # dense MLA
         self.n = Numerics(precision)
         self.kda_chunk, self.mla_absorbed = kda_chunk, mla_absorbed
         if self.cfg.attn_res_block_size:

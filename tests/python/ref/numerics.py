@@ -65,3 +65,8 @@ def softmax(s: np.ndarray, axis: int = -1) -> np.ndarray:
 def l2norm(x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     """x / sqrt(sum x^2 + eps) over the last axis (FLA l2norm)."""
     return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest entries of a 1-D array: score descending, ties -> lower index."""
+    return np.lexsort((np.arange(scores.size), -scores))[:k]
