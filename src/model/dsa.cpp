@@ -1,0 +1,69 @@
+// dsa.cpp: the DSA lightning indexer (dsa.h, MODEL.md §6).
+#include "model/dsa.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace k3 {
+
+Status bind_dsa(Binder& b, const ModelConfig& cfg, DsaWeights* w) {
+  const int64_t Hi = cfg.dsa.n_head, Di = cfg.dsa.d_head, D = cfg.d_model;
+  w->wq_b = b.linear("indexer.wq_b", Hi * Di, cfg.mla.q_lora_rank);
+  w->wk = b.linear("indexer.wk", Di, D);
+  w->weights_proj = b.linear("indexer.weights_proj", Hi, D);
+  w->k_norm_w = b.vec("indexer.k_norm.weight", Di);
+  w->k_norm_b = b.vec("indexer.k_norm.bias", Di);
+  return b.status();
+}
+
+bool dsa_select(const Ctx& c, const ModelConfig& cfg, const DsaWeights& w, const float* cq, const float* x,
+                int64_t n_past, int64_t n_tok, std::vector<float>& index_k, std::vector<int32_t>* sel, int layer) {
+  const int64_t Hi = cfg.dsa.n_head, Di = cfg.dsa.d_head, topk = cfg.dsa.topk;
+  std::vector<float> kI;
+  linear(c, w.wk, x, n_tok, kI);
+  layer_norm(kI.data(), w.k_norm_w.data(), w.k_norm_b.data(), 1e-6f, n_tok, Di, kI.data());
+  c.rnd(kI.data(), int64_t(kI.size()));
+  c.cb("dsa_k", layer, kI.data(), int64_t(kI.size()));
+  index_k.insert(index_k.end(), kI.begin(), kI.end());
+  if (n_past + n_tok <= topk) return false;
+
+  std::vector<float> qI, a;
+  linear(c, w.wq_b, cq, n_tok, qI);
+  linear(c, w.weights_proj, x, n_tok, a);
+  const float scale = 1.f / std::sqrt(float(Hi * Di));
+  sel->assign(size_t(n_tok * topk), -1);
+  std::vector<float> I;
+  std::vector<int32_t> idx;
+  for (int64_t i = 0; i < n_tok; ++i) {
+    const int64_t n_vis = n_past + i + 1;
+    int32_t* out = sel->data() + i * topk;
+    if (n_vis <= topk) {
+      for (int64_t s = 0; s < n_vis; ++s) out[s] = int32_t(s);
+      continue;
+    }
+    I.assign(size_t(n_vis), 0.f);
+    const float* qt = &qI[size_t(i * Hi * Di)];
+    const float* at = &a[size_t(i * Hi)];
+    for (int64_t s = 0; s < n_vis; ++s) {
+      const float* ks = &index_k[size_t(s * Di)];
+      float acc = 0.f;
+      for (int64_t h = 0; h < Hi; ++h) {
+        float d = 0.f;
+        for (int64_t e = 0; e < Di; ++e) d += qt[h * Di + e] * ks[e];
+        acc += at[h] * std::max(d, 0.f);
+      }
+      I[size_t(s)] = acc * scale;
+    }
+    idx.resize(size_t(n_vis));
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + topk, idx.end(), [&](int32_t l, int32_t r) {
+      return I[size_t(l)] > I[size_t(r)] || (I[size_t(l)] == I[size_t(r)] && l < r);
+    });
+    std::sort(idx.begin(), idx.begin() + topk);
+    std::copy(idx.begin(), idx.begin() + topk, out);
+  }
+  return true;
+}
+
+}  // namespace k3
