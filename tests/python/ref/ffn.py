@@ -35,14 +35,14 @@ def dense_mlp(n, cfg, W, x: np.ndarray) -> np.ndarray:
 
 
 def route(cfg, x: np.ndarray, W_gate: np.ndarray, bias: np.ndarray):
-    """x [T, D] -> (sel [T, k] expert ids in slot order, w [T, k] mixture weights)."""
+    """x [T, D] -> (sel [T, k] expert ids in slot order, w [T, k] mixture weights, c [T, E] choice scores)."""
     s = sigmoid(x @ W_gate.T)                                   # [T, E] unbiased scores
     c = s + bias                                                # choice scores (selection only)
     sel = np.stack([top_k(c[t], cfg.n_expert_used) for t in range(s.shape[0])])
     s_sel = np.take_along_axis(s, sel, axis=1)
     if cfg.renormalize:
         s_sel = s_sel / (np.sum(s_sel, axis=1, keepdims=True) + 1e-20)
-    return sel, s_sel * cfg.routed_scaling_factor
+    return sel, s_sel * cfg.routed_scaling_factor, c
 
 
 def routed_sum(n, cfg, W, z: np.ndarray, sel: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -62,7 +62,7 @@ def routed_sum(n, cfg, W, z: np.ndarray, sel: np.ndarray, w: np.ndarray) -> np.n
 
 def moe(n, cfg, W, x: np.ndarray, trace=None, tag="") -> np.ndarray:
     """W(name) -> weight under block_sparse_moe. (expert weights: W('experts.{e}.w1') etc.)"""
-    sel, w = route(cfg, x, W("gate.weight"), W("gate.e_score_correction_bias"))
+    sel, w, c = route(cfg, x, W("gate.weight"), W("gate.e_score_correction_bias"))
     shared = dense_mlp(n, cfg, lambda name: W("shared_experts." + name), x) if cfg.n_shared_expert else 0.0
     if cfg.d_latent:
         z = n.linear(x, W("routed_expert_down_proj.weight"))
@@ -75,4 +75,5 @@ def moe(n, cfg, W, x: np.ndarray, trace=None, tag="") -> np.ndarray:
     if trace is not None:
         trace[tag + "moe_sel"] = sel
         trace[tag + "moe_w"] = w
+        trace[tag + "moe_choice"] = c
     return n.bf16(y + shared)

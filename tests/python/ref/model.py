@@ -113,9 +113,11 @@ class Reference:
             o = self.attention(i, x, state, trace)
             p = o if (S and fresh) else n.bf16(p + o)
             f = attn_res(n, B, p, self.q_mlp[i], eps) if S else p
-            y = self.ffn(i, norm(f, lw + "post_attention_layernorm.weight"), trace)
+            xf = norm(f, lw + "post_attention_layernorm.weight")
+            y = self.ffn(i, xf, trace)
             p = n.bf16(p + y)
             record(f"l{i}.attn_in", x)
+            record(f"l{i}.ffn_in", xf)
             record(f"l{i}.attn_out", o)
             record(f"l{i}.ffn_out", y)
             record(f"l{i}.out", p)
