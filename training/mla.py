@@ -57,8 +57,9 @@ class Indexer(nn.Module):
         causal = torch.ones(T, T, dtype=torch.bool, device=scores.device).tril()
         if T <= self.topk:
             return causal.expand(B, T, T)
-        top = scores.topk(self.topk, dim=-1).indices      # exact ties are rare in training; the engine breaks them
-        #                                                   towards the lower position (MODEL.md §13 #13)
+        # ties -> lower s (MODEL.md §13 #13): a stable descending sort keeps equal scores in position order;
+        # exact ties are common (relu zeros), so topk's unspecified order would not match the engine
+        top = scores.sort(dim=-1, descending=True, stable=True).indices[..., :self.topk]
         keep = torch.zeros(B, T, T, dtype=torch.bool, device=scores.device).scatter_(-1, top, True)
         short = torch.arange(T, device=scores.device) < self.topk                # rows t <= topk (1-based)
         return torch.where(short[None, :, None], causal, keep & causal)
