@@ -5,11 +5,18 @@
 // W is bf16, f16, f32 or fp8 e4m3 [out, in], or MXFP4 (weight_packed u8 [out, in/2], low nibble = even
 // column; weight_scale E8M0 [out, in/32]) decoded inside the inner loop, never expanded to a full copy.
 // Rounding the output to bf16 (the model's rounding point) is the caller's business.
+//
+// LinearParams adds row strides (x and y rows may be views into wider buffers) and the input precision:
+// Precision::bf16 promises every x value is already bf16-rounded (round_bf16_inplace), which lets the fast
+// path use vdpbf16ps (exact products, fp32 accumulation); Precision::fp32 keeps x exact (W is decoded to
+// fp32 in registers and FMA'd in fp32). MXFP4 scale bytes must be < 255 (the loader rejects 255; the
+// kernels assert it in debug builds): mxfp4_find_bad_scale() is the check.
 #pragma once
 
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "ops/precision.h"
 
 namespace k3 {
 
@@ -22,6 +29,23 @@ struct LinearWeight {
   const uint8_t* scale = nullptr;   // MXFP4 only: [out, in/32] E8M0
   bool is_mxfp4() const { return scale != nullptr; }
 };
+
+struct LinearParams {
+  int64_t n_tok = 0;
+  const float* x = nullptr;  // [n_tok, in], row stride ldx (>= in)
+  int64_t ldx = 0;           // 0 means in
+  float* y = nullptr;        // [n_tok, out], row stride ldy (>= out)
+  int64_t ldy = 0;           // 0 means out
+  Precision x_precision = Precision::fp32;  // bf16: x values are bf16-rounded, the bf16 dot path is allowed
+};
+
+void linear_ref(const LinearWeight& W, const LinearParams& p);
+void linear_cpu(const LinearWeight& W, const LinearParams& p, ThreadPool* pool);
+
+// Index of the first scale byte equal to 255 in scale[0..n), or -1.
+int64_t mxfp4_find_bad_scale(const uint8_t* scale, int64_t n);
+// Decodes W[row, col0 .. col0+n) to fp32 with the fast path's decoder (tests compare it with a scalar one).
+void linear_decode_row(const LinearWeight& W, int64_t row, int64_t col0, int64_t n, float* out);
 
 // Plain reference: one output at a time, fp64 accumulation, weights decoded exactly.
 void linear_ref(const LinearWeight& W, const float* x, float* y, int64_t n_tok);

@@ -1,0 +1,198 @@
+// linear_cpu.cpp: the fast CPU linear (linear.h): dispatch on the run-time CPU level, the work split over
+// the thread pool, and the portable kernel (plain C++, any CPU) that the AVX-512 kernels must agree with.
+//
+//   y[t, o] = sum_i x[t, i] * W[o, i]      fp32 accumulation, per 32-column chunk:
+//   partial = sum_{i in chunk} x[t, i] * w[o, i];  acc += partial (MXFP4: acc += partial * 2^(e-127))
+//
+// Threads split the output rows in whole row tiles; tokens are blocked (linear_kernels.h). The bf16 path
+// (Precision::bf16 input on a CPU with AVX512_BF16) first copies x to bf16 in a scratch buffer that only
+// grows (no allocation per call once warm).
+#include <cstring>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "ops/linear.h"
+#include "ops/linear_kernels.h"
+
+namespace k3 {
+
+namespace linear_detail {
+
+namespace {
+
+constexpr int kChunk = 32;
+
+inline float f16_bits_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16, em = h & 0x7fff;
+  uint32_t u;
+  if (em >= 0x7c00) u = sign | 0x7f800000u | ((em & 0x3ff) << 13);   // inf / NaN
+  else if (em >= 0x0400) u = sign | ((em << 13) + ((127 - 15) << 23));  // normal
+  else {                                                                // subnormal: em * 2^-24
+    float f = float(em) * 5.9604644775390625e-08f;
+    std::memcpy(&u, &f, 4);
+    u |= sign;
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+struct Fp8Table {
+  float v[256];
+  Fp8Table() {
+    for (int b = 0; b < 256; ++b) v[b] = f8_e4m3_to_f32(uint8_t(b));
+  }
+};
+
+// W[row, col0 .. col0+n) to fp32; MXFP4 elements come out WITHOUT their scale (mag only), n <= 32,
+// and a chunk never straddles a 32-group.
+void decode_unscaled(const LinearWeight& W, int64_t row, int64_t col0, int n, float* out) {
+  if (W.is_mxfp4()) {
+    const uint8_t* b = static_cast<const uint8_t*>(W.w) + row * (W.in / 2);
+    for (int k = 0; k < n; ++k) {
+      const int64_t c = col0 + k;
+      out[k] = e2m1_to_f32((c % 2 == 0) ? (b[c / 2] & 0x0f) : (b[c / 2] >> 4));
+    }
+    return;
+  }
+  const int64_t base = row * W.in + col0;
+  switch (W.dtype) {
+    case DType::f32: std::memcpy(out, static_cast<const float*>(W.w) + base, size_t(n) * 4); break;
+    case DType::bf16: {
+      const uint16_t* w = static_cast<const uint16_t*>(W.w) + base;
+      for (int k = 0; k < n; ++k) out[k] = bf16_to_f32(w[k]);
+      break;
+    }
+    case DType::f16: {
+      const uint16_t* w = static_cast<const uint16_t*>(W.w) + base;
+      for (int k = 0; k < n; ++k) out[k] = f16_bits_to_f32(w[k]);
+      break;
+    }
+    case DType::f8_e4m3: {
+      static const Fp8Table table;
+      const uint8_t* w = static_cast<const uint8_t*>(W.w) + base;
+      for (int k = 0; k < n; ++k) out[k] = table.v[w[k]];
+      break;
+    }
+    default: K3_ASSERT(!"linear: unsupported weight dtype");
+  }
+}
+
+inline float dot(const float* a, const float* b, int n) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int l = 0; l < 8; ++l) s[l] += a[k + l] * b[k + l];
+  for (; k < n; ++k) s[k % 8] += a[k] * b[k];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+template <int RB, int TB>
+struct PortableTile {
+  static void run(const Job& j, int64_t r0, int64_t t0) {
+    const LinearWeight& W = *j.W;
+    float acc[RB][TB] = {};
+    float w[RB][kChunk];
+    for (int64_t c = 0; c < W.in; c += kChunk) {
+      const int n = int(std::min<int64_t>(kChunk, W.in - c));
+      float scale[RB];
+      for (int r = 0; r < RB; ++r) {
+        decode_unscaled(W, r0 + r, c, n, w[r]);
+        if (W.is_mxfp4()) {
+          const uint32_t bits = e8m0_bits(W.scale[(r0 + r) * (W.in / 32) + c / 32]);
+          std::memcpy(&scale[r], &bits, 4);
+        }
+      }
+      for (int t = 0; t < TB; ++t) {
+        const float* x = j.x + (t0 + t) * j.ldx + c;
+        for (int r = 0; r < RB; ++r) {
+          const float partial = dot(w[r], x, n);
+          acc[r][t] += W.is_mxfp4() ? partial * scale[r] : partial;
+        }
+      }
+    }
+    for (int t = 0; t < TB; ++t)
+      for (int r = 0; r < RB; ++r) j.y[(t0 + t) * j.ldy + r0 + r] = acc[r][t];
+  }
+};
+
+}  // namespace
+
+void rows_portable(const Job& j, int64_t r0, int64_t r1) { run_tiles<PortableTile>(j, r0, r1); }
+
+void decode_row_portable(const LinearWeight& W, int64_t row, int64_t col0, int64_t n, float* out) {
+  for (int64_t c = col0; c < col0 + n;) {
+    const int64_t group_end = (c / kChunk + 1) * kChunk;
+    const int len = int(std::min(group_end, col0 + n) - c);
+    decode_unscaled(W, row, c, len, out + (c - col0));
+    if (W.is_mxfp4()) {
+      const uint32_t bits = e8m0_bits(W.scale[row * (W.in / 32) + c / 32]);
+      float s;
+      std::memcpy(&s, &bits, 4);
+      for (int k = 0; k < len; ++k) out[c - col0 + k] *= s;
+    }
+    c += len;
+  }
+}
+
+}  // namespace linear_detail
+
+using namespace linear_detail;
+
+void linear_cpu(const LinearWeight& W, const LinearParams& p, ThreadPool* pool) {
+  K3_ASSERT(!W.is_mxfp4() || W.in % 32 == 0);
+#ifndef NDEBUG
+  if (W.is_mxfp4()) K3_ASSERT(mxfp4_find_bad_scale(W.scale, W.out * (W.in / 32)) < 0);
+#endif
+  Job j;
+  j.W = &W;
+  j.x = p.x;
+  j.ldx = p.ldx ? p.ldx : W.in;
+  j.y = p.y;
+  j.ldy = p.ldy ? p.ldy : W.out;
+  j.n_tok = p.n_tok;
+  if (p.n_tok <= 0 || W.out <= 0) return;
+
+  const CpuLevel level = cpu_level();
+  void (*rows)(const Job&, int64_t, int64_t) = rows_portable;
+  if (level >= CpuLevel::avx512) rows = rows_avx512;
+  const bool bf16_dot = (W.dtype == DType::bf16 || W.is_mxfp4()) && p.x_precision == Precision::bf16;
+  if (level >= CpuLevel::avx512_bf16 && bf16_dot) {
+    // x is bf16-rounded, so the bf16 copy is exact. Padded to 32 columns with zeros.
+    thread_local std::vector<uint16_t> scratch;
+    j.ldxb = (W.in + 31) / 32 * 32;
+    if (scratch.size() < size_t(p.n_tok * j.ldxb)) scratch.resize(size_t(p.n_tok * j.ldxb));
+    uint16_t* xb = scratch.data();
+    parallel_for(pool, p.n_tok, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const float* x = j.x + t * j.ldx;
+        uint16_t* d = xb + t * j.ldxb;
+        for (int64_t i = 0; i < W.in; ++i) d[i] = f32_to_bf16(x[i]);
+        for (int64_t i = W.in; i < j.ldxb; ++i) d[i] = 0;
+      }
+    });
+    j.xb = xb;
+    rows = rows_avx512_bf16;
+  }
+  const int64_t n_tiles = (W.out + kRowTile - 1) / kRowTile;
+  parallel_for(pool, n_tiles, [&](int64_t b, int64_t e) {
+    rows(j, b * kRowTile, std::min(W.out, e * kRowTile));
+  });
+}
+
+void linear_cpu(const LinearWeight& W, const float* x, float* y, int64_t n_tok, ThreadPool* pool) {
+  LinearParams p;
+  p.n_tok = n_tok;
+  p.x = x;
+  p.y = y;
+  linear_cpu(W, p, pool);
+}
+
+void linear_decode_row(const LinearWeight& W, int64_t row, int64_t col0, int64_t n, float* out) {
+  if (cpu_level() >= CpuLevel::avx512 && col0 % 16 == 0) decode_row_avx512(W, row, col0, n, out);
+  else decode_row_portable(W, row, col0, n, out);
+}
+
+}  // namespace k3

@@ -1,0 +1,249 @@
+// linear_cpu_avx512.cpp: AVX-512 micro-kernels for linear_cpu (linear.h), compiled with function target
+// attributes and only called when cpu_level() says the CPU has them.
+//
+// fp32 path (exact x): per 16 columns, decode W[r, i..i+16) to fp32 in a register (bf16: shift; f16:
+//   vcvtph2ps; fp8 e4m3: bits placed in an f16 then x 2^8; f32: load), then acc[r][t] += w * x[t].
+//   MXFP4: per 32-group, two vpermps lookups of the e2m1 magnitudes, partial = w0*x0 + w1*x1, then
+//   acc += partial * 2^(e-127) (the scale is applied once per group, exactly, so it cannot overflow early).
+// bf16 path (x already bf16-rounded, copied to bf16 by linear_cpu): vdpbf16ps on 32 columns at a time;
+//   MXFP4 magnitudes come from one vpermw lookup into a bf16 table (exact: they are 0..6 in halves).
+#include <immintrin.h>
+
+#include "core/status.h"
+#include "ops/linear_kernels.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma")
+// GCC 12's _mm512_undefined_* (self-initialized) trips -Wmaybe-uninitialized inside the intrinsics.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace k3::linear_detail {
+
+namespace {
+
+inline __mmask16 tail_mask16(int64_t n) { return __mmask16((1u << n) - 1); }
+
+// One fp32 vector of 16 weights from row pointer p (element index i), optionally masked.
+struct DecF32 {
+  static __m512 load(const void* p, int64_t i, __mmask16 m) {
+    return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
+  }
+};
+struct DecBf16 {
+  static __m512 load(const void* p, int64_t i, __mmask16 m) {
+    const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+};
+struct DecF16 {
+  static __m512 load(const void* p, int64_t i, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i));
+  }
+};
+struct DecFp8 {
+  // e4m3 s.eeee.mmm -> f16 bits s.0eeee.mmm0000000 is the same value times 2^-8 (subnormals included);
+  // 0x7f / 0xff (NaN in E4M3FN) would decode to 480, so they are patched to NaN.
+  static __m512 load(const void* p, int64_t i, __mmask16 m) {
+    const __m128i b = _mm_maskz_loadu_epi8(m, static_cast<const uint8_t*>(p) + i);
+    const __m256i w = _mm256_cvtepu8_epi16(b);
+    const __m256i mag = _mm256_and_si256(w, _mm256_set1_epi16(0x7f));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(mag, 7), _mm256_slli_epi16(_mm256_srli_epi16(w, 7), 15));
+    const __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f));
+    const __mmask16 nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f));
+    return _mm512_mask_mov_ps(v, nan, _mm512_set1_ps(__builtin_nanf("")));
+  }
+};
+
+// 32 MXFP4 nibbles of one group (16 bytes) as bytes in column order: lo = columns 0..15, hi = 16..31.
+inline void mxfp4_nibbles(const uint8_t* p, __m128i* lo, __m128i* hi) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i m = _mm_set1_epi8(0x0f);
+  const __m128i even = _mm_and_si128(b, m), odd = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+  *lo = _mm_unpacklo_epi8(even, odd);
+  *hi = _mm_unpackhi_epi8(even, odd);
+}
+
+inline __m512 e2m1_lut() {
+  return _mm512_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f);
+}
+
+inline __m512 scale_of(const uint8_t* s) { return _mm512_castsi512_ps(_mm512_set1_epi32(int(e8m0_bits(*s)))); }
+
+template <class Dec>
+struct Dense {
+  template <int RB, int TB>
+  struct Tile {
+    static void run(const Job& j, int64_t r0, int64_t t0) {
+      const LinearWeight& W = *j.W;
+      const size_t esz = dtype_size(W.dtype);
+      const char* wrow[RB];
+      for (int r = 0; r < RB; ++r) wrow[r] = static_cast<const char*>(W.w) + (r0 + r) * W.in * esz;
+      __m512 acc[RB][TB];
+      for (int r = 0; r < RB; ++r)
+        for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_setzero_ps();
+      for (int64_t i = 0; i < W.in; i += 16) {
+        const __mmask16 m = W.in - i >= 16 ? __mmask16(0xffff) : tail_mask16(W.in - i);
+        __m512 xv[TB];
+        for (int t = 0; t < TB; ++t) xv[t] = _mm512_maskz_loadu_ps(m, j.x + (t0 + t) * j.ldx + i);
+        for (int r = 0; r < RB; ++r) {
+          const __m512 w = Dec::load(wrow[r], i, m);
+          for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_fmadd_ps(w, xv[t], acc[r][t]);
+        }
+      }
+      for (int t = 0; t < TB; ++t)
+        for (int r = 0; r < RB; ++r) j.y[(t0 + t) * j.ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+    }
+  };
+};
+
+template <int RB, int TB>
+struct Mxfp4Tile {
+  static void run(const Job& j, int64_t r0, int64_t t0) {
+    const LinearWeight& W = *j.W;
+    const int64_t n_group = W.in / 32;
+    const __m512 lut = e2m1_lut();
+    __m512 acc[RB][TB];
+    for (int r = 0; r < RB; ++r)
+      for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < n_group; ++g) {
+      __m512 x0[TB], x1[TB];
+      for (int t = 0; t < TB; ++t) {
+        x0[t] = _mm512_loadu_ps(j.x + (t0 + t) * j.ldx + 32 * g);
+        x1[t] = _mm512_loadu_ps(j.x + (t0 + t) * j.ldx + 32 * g + 16);
+      }
+      for (int r = 0; r < RB; ++r) {
+        __m128i lo, hi;
+        mxfp4_nibbles(static_cast<const uint8_t*>(W.w) + (r0 + r) * (W.in / 2) + 16 * g, &lo, &hi);
+        const __m512 w0 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(lo), lut);
+        const __m512 w1 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(hi), lut);
+        const __m512 s = scale_of(W.scale + (r0 + r) * n_group + g);
+        for (int t = 0; t < TB; ++t) {
+          const __m512 part = _mm512_fmadd_ps(w1, x1[t], _mm512_mul_ps(w0, x0[t]));
+          acc[r][t] = _mm512_fmadd_ps(part, s, acc[r][t]);
+        }
+      }
+    }
+    for (int t = 0; t < TB; ++t)
+      for (int r = 0; r < RB; ++r) j.y[(t0 + t) * j.ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+  }
+};
+
+// ---- bf16 path: x as bf16 in j.xb (zero-padded to a multiple of 32 columns) ----
+
+inline __m512 dot_bf16(__m512 acc, __m512i a, __m512i b) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+
+template <int RB, int TB>
+struct Bf16Tile {
+  static void run(const Job& j, int64_t r0, int64_t t0) {
+    const LinearWeight& W = *j.W;
+    const uint16_t* wrow[RB];
+    for (int r = 0; r < RB; ++r) wrow[r] = static_cast<const uint16_t*>(W.w) + (r0 + r) * W.in;
+    __m512 acc[RB][TB];
+    for (int r = 0; r < RB; ++r)
+      for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < W.in; i += 32) {
+      const __mmask32 m = W.in - i >= 32 ? __mmask32(0xffffffffu) : __mmask32((1u << (W.in - i)) - 1);
+      __m512i xv[TB];
+      for (int t = 0; t < TB; ++t) xv[t] = _mm512_loadu_si512(j.xb + (t0 + t) * j.ldxb + i);
+      for (int r = 0; r < RB; ++r) {
+        const __m512i w = _mm512_maskz_loadu_epi16(m, wrow[r] + i);
+        for (int t = 0; t < TB; ++t) acc[r][t] = dot_bf16(acc[r][t], w, xv[t]);
+      }
+    }
+    for (int t = 0; t < TB; ++t)
+      for (int r = 0; r < RB; ++r) j.y[(t0 + t) * j.ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+  }
+};
+
+alignas(64) const uint16_t kE2m1Bf16[32] = {0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0,
+                                            0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0};
+
+template <int RB, int TB>
+struct Mxfp4Bf16Tile {
+  static void run(const Job& j, int64_t r0, int64_t t0) {
+    const LinearWeight& W = *j.W;
+    const int64_t n_group = W.in / 32;
+    const __m512i lut = _mm512_load_si512(kE2m1Bf16);
+    __m512 acc[RB][TB];
+    for (int r = 0; r < RB; ++r)
+      for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < n_group; ++g) {
+      __m512i xv[TB];
+      for (int t = 0; t < TB; ++t) xv[t] = _mm512_loadu_si512(j.xb + (t0 + t) * j.ldxb + 32 * g);
+      for (int r = 0; r < RB; ++r) {
+        __m128i lo, hi;
+        mxfp4_nibbles(static_cast<const uint8_t*>(W.w) + (r0 + r) * (W.in / 2) + 16 * g, &lo, &hi);
+        const __m512i idx = _mm512_cvtepu8_epi16(_mm256_set_m128i(hi, lo));
+        const __m512i w = _mm512_permutexvar_epi16(idx, lut);
+        const __m512 s = scale_of(W.scale + (r0 + r) * n_group + g);
+        for (int t = 0; t < TB; ++t)
+          acc[r][t] = _mm512_fmadd_ps(dot_bf16(_mm512_setzero_ps(), w, xv[t]), s, acc[r][t]);
+      }
+    }
+    for (int t = 0; t < TB; ++t)
+      for (int r = 0; r < RB; ++r) j.y[(t0 + t) * j.ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+  }
+};
+
+}  // namespace
+
+void rows_avx512(const Job& j, int64_t r0, int64_t r1) {
+  const LinearWeight& W = *j.W;
+  if (W.is_mxfp4()) return run_tiles<Mxfp4Tile>(j, r0, r1);
+  switch (W.dtype) {
+    case DType::f32: return run_tiles<Dense<DecF32>::Tile>(j, r0, r1);
+    case DType::bf16: return run_tiles<Dense<DecBf16>::Tile>(j, r0, r1);
+    case DType::f16: return run_tiles<Dense<DecF16>::Tile>(j, r0, r1);
+    case DType::f8_e4m3: return run_tiles<Dense<DecFp8>::Tile>(j, r0, r1);
+    default: K3_ASSERT(!"linear: unsupported weight dtype");
+  }
+}
+
+void rows_avx512_bf16(const Job& j, int64_t r0, int64_t r1) {
+  if (j.W->is_mxfp4()) return run_tiles<Mxfp4Bf16Tile>(j, r0, r1);
+  K3_ASSERT(j.W->dtype == DType::bf16);
+  run_tiles<Bf16Tile>(j, r0, r1);
+}
+
+void decode_row_avx512(const LinearWeight& W, int64_t row, int64_t col0, int64_t n, float* out) {
+  K3_ASSERT(col0 % 16 == 0);
+  for (int64_t k = 0; k < n; k += 16) {
+    const int64_t i = col0 + k;
+    const __mmask16 m = n - k >= 16 ? __mmask16(0xffff) : tail_mask16(n - k);
+    __m512 v;
+    if (W.is_mxfp4()) {
+      __m128i lo, hi;
+      mxfp4_nibbles(static_cast<const uint8_t*>(W.w) + row * (W.in / 2) + 16 * (i / 32), &lo, &hi);
+      v = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(i % 32 == 0 ? lo : hi), e2m1_lut());
+      v = _mm512_mul_ps(v, scale_of(W.scale + row * (W.in / 32) + i / 32));
+    } else {
+      const void* p = static_cast<const char*>(W.w) + row * W.in * dtype_size(W.dtype);
+      switch (W.dtype) {
+        case DType::f32: v = DecF32::load(p, i, m); break;
+        case DType::bf16: v = DecBf16::load(p, i, m); break;
+        case DType::f16: v = DecF16::load(p, i, m); break;
+        case DType::f8_e4m3: v = DecFp8::load(p, i, m); break;
+        default: K3_ASSERT(!"linear: unsupported weight dtype"); v = _mm512_setzero_ps();
+      }
+    }
+    _mm512_mask_storeu_ps(out + k, m, v);
+  }
+}
+
+}  // namespace k3::linear_detail
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif

@@ -1,0 +1,132 @@
+// cases_linear.cpp: test-ops cases for linear (src/ops/linear.h).
+//
+// Every weight dtype (f32, bf16, f16, fp8 e4m3, MXFP4) x input precision (fp32 exact, bf16-rounded x)
+// x odd shapes: n_tok in {1, 17, 33, 127, 989}, widths that are not multiples of 16/32 (MXFP4 keeps
+// in % 32 == 0), row strides ldx > in and ldy > out. Bound: NMSE <= 1e-9 against the fp64 reference.
+#include <cstring>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "harness.h"
+#include "ops/linear.h"
+
+namespace k3::opt {
+namespace {
+
+enum class WType { f32, bf16, f16, fp8, mxfp4 };
+const char* wtype_name(WType t) {
+  static const char* n[] = {"f32", "bf16", "f16", "fp8", "mxfp4"};
+  return n[int(t)];
+}
+
+class LinearCase : public OpCase {
+ public:
+  LinearCase(WType wt, Precision prec, int64_t n_tok, int64_t in, int64_t out, int64_t pad_x, int64_t pad_y,
+             bool perf = false)
+      : wt_(wt), prec_(prec), n_tok_(n_tok), in_(in), out_(out), ldx_(in + pad_x), ldy_(out + pad_y),
+        perf_(perf) {}
+
+  std::string op() const override { return "linear"; }
+  std::string shape() const override {
+    return "n_tok=" + std::to_string(n_tok_) + " in=" + std::to_string(in_) + " out=" + std::to_string(out_) +
+           " w=" + wtype_name(wt_) + " x=" + precision_name(prec_) +
+           (ldx_ != in_ ? " ldx=" + std::to_string(ldx_) : "") + (ldy_ != out_ ? " ldy=" + std::to_string(ldy_) : "");
+  }
+  double max_nmse() const override { return 1e-9; }
+  bool perf() const override { return perf_; }
+  double bytes() const override { return double(w_.size() + scale_.size()); }
+  double flops() const override { return 2.0 * double(n_tok_) * double(in_) * double(out_); }
+
+  void init(Rng& rng) override {
+    x_.resize(size_t(n_tok_ * ldx_));
+    if (prec_ == Precision::bf16) fill_uniform_bf16(rng, x_.data(), int64_t(x_.size()), -2.f, 2.f);
+    else fill_uniform(rng, x_.data(), int64_t(x_.size()), -2.f, 2.f);
+    W_ = LinearWeight{};
+    W_.out = out_;
+    W_.in = in_;
+    const int64_t n = out_ * in_;
+    switch (wt_) {
+      case WType::f32: {
+        W_.dtype = DType::f32;
+        w_.resize(size_t(n) * 4);
+        std::vector<float> v(static_cast<size_t>(n));
+        fill_normal(rng, v.data(), n, 0.1f);
+        std::memcpy(w_.data(), v.data(), w_.size());
+        break;
+      }
+      case WType::bf16:
+      case WType::f16: {
+        W_.dtype = wt_ == WType::bf16 ? DType::bf16 : DType::f16;
+        w_.resize(size_t(n) * 2);
+        auto* h = reinterpret_cast<uint16_t*>(w_.data());
+        for (int64_t i = 0; i < n; ++i) {
+          const float v = rng.normal(0, 0.1f);
+          h[i] = wt_ == WType::bf16 ? f32_to_bf16(v) : f32_to_f16(v);
+        }
+        break;
+      }
+      case WType::fp8:
+        W_.dtype = DType::f8_e4m3;
+        w_.resize(size_t(n));
+        for (auto& b : w_) {
+          do b = uint8_t(rng.bits());
+          while ((b & 0x7f) == 0x7f);  // NaN codes: a checkpoint has none
+        }
+        break;
+      case WType::mxfp4:
+        W_.dtype = DType::u8;
+        w_.resize(size_t(n / 2));
+        for (auto& b : w_) b = uint8_t(rng.bits());
+        scale_.resize(size_t(n / 32));
+        for (auto& s : scale_) s = uint8_t(118 + rng.below(12));  // 2^-9 .. 2^2
+        W_.scale = scale_.data();
+        break;
+    }
+    W_.w = w_.data();
+  }
+
+  void run(Backend b, RunContext& ctx) override {
+    LinearParams p;
+    p.n_tok = n_tok_;
+    p.x = x_.data();
+    p.ldx = ldx_;
+    p.y = ctx.out_f32(0, n_tok_ * ldy_);
+    p.ldy = ldy_;
+    p.x_precision = prec_;
+    if (b == Backend::ref) linear_ref(W_, p);
+    else linear_cpu(W_, p, ctx.pool);
+  }
+
+ private:
+  WType wt_;
+  Precision prec_;
+  int64_t n_tok_, in_, out_, ldx_, ldy_;
+  bool perf_;
+  std::vector<float> x_;
+  std::vector<uint8_t> w_, scale_;
+  LinearWeight W_;
+};
+
+}  // namespace
+
+K3_OP_CASES(linear_cases) {
+  struct Shape {
+    int64_t n_tok, in, out, pad_x, pad_y;
+  };
+  const Shape shapes[] = {{1, 64, 13, 0, 0},   {1, 1000, 37, 5, 0}, {17, 96, 40, 0, 3},
+                          {33, 130, 9, 7, 0},  {127, 256, 67, 0, 0}, {989, 48, 21, 16, 1}};
+  for (WType wt : {WType::f32, WType::bf16, WType::f16, WType::fp8, WType::mxfp4})
+    for (Precision prec : {Precision::fp32, Precision::bf16})
+      for (const Shape& s : shapes) {
+        const int64_t in = wt == WType::mxfp4 ? (s.in + 31) / 32 * 32 : s.in;
+        cases.push_back(std::make_unique<LinearCase>(wt, prec, s.n_tok, in, s.out, s.pad_x, s.pad_y));
+      }
+  // perf shapes: decode GEMV (bandwidth) and a prefill block (compute)
+  for (WType wt : {WType::bf16, WType::mxfp4})
+    for (Precision prec : {Precision::fp32, Precision::bf16}) {
+      cases.push_back(std::make_unique<LinearCase>(wt, prec, 1, 4096, 4096, 0, 0, true));
+      cases.push_back(std::make_unique<LinearCase>(wt, prec, 64, 2048, 1024, 0, 0, true));
+    }
+}
+
+}  // namespace k3::opt

@@ -1,0 +1,112 @@
+// harness.h: the op test harness (test-ops). Every op backend is compared with the plain reference.
+//
+// A test case (a subclass of OpCase) owns its inputs and runs one op on one backend:
+//   op()            op name, the -o filter matches it ("linear", "rms_norm", ...)
+//   shape()         a short description: "n_tok=17 in=96 out=40 w=bf16 ldx=104"
+//   init(rng)       makes the inputs (op-specific ranges: gates in (-5, 0), beta in (0, 1), ...)
+//   run(b, ctx)     runs the op on backend b (Backend::ref, cpu, cuda) writing every output into
+//                   ctx.out_f32(slot, n) / ctx.out_i32(slot, n) buffers (same slots, same sizes per backend)
+//   max_nmse()      per-case bound on sum((y - y_ref)^2) / sum(y_ref^2), per fp32 output slot
+//   supports(b)     default: ref and cpu
+//   bytes(), flops()  for `perf` (GB/s, GFLOP/s); perf() says whether the case is a perf shape
+//
+// Checks per output slot: NaN and Inf positions match the reference exactly (sign of Inf too), NMSE of
+// the finite values <= max_nmse(), i32 slots are equal, and the 64 guard bytes after every output buffer
+// are untouched. Output buffers are pre-filled with a NaN pattern, so an element one backend writes and
+// the other skips is caught too.
+//
+// Registration, from any tools/test-ops/cases_*.cpp (no header edits needed):
+//   K3_OP_CASES(linear_cases) { cases.push_back(std::make_unique<LinearCase>(...)); }
+// The cpu backend runs at every CPU level this machine has (cpu = best, cpu-avx512, cpu-portable), so the
+// portable fallback is always covered. Usage: test-ops test|perf|list [-o OP] [-b BACKEND] [-t THREADS].
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace k3 {
+class ThreadPool;
+}
+
+namespace k3::opt {
+
+enum class Backend { ref, cpu, cuda };
+
+// A guarded output buffer: n elements then 64 canary bytes.
+struct GuardedBuffer {
+  std::vector<uint8_t> bytes;
+  size_t n_bytes = 0;
+  void alloc(size_t n, uint32_t fill_pattern, size_t elem_size);
+  bool guard_intact() const;
+  void* data() { return bytes.data(); }
+  const void* data() const { return bytes.data(); }
+};
+
+class RunContext {
+ public:
+  ThreadPool* pool = nullptr;
+  // Output slot `slot` with n elements; the same slot must get the same n on every backend.
+  float* out_f32(int slot, int64_t n);
+  int32_t* out_i32(int slot, int64_t n);
+
+  struct Slot {
+    GuardedBuffer buf;
+    int64_t n = 0;
+    bool is_f32 = true;
+  };
+  std::vector<Slot> slots;
+
+ private:
+  Slot& slot_at(int slot, int64_t n, bool is_f32);
+};
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : gen_(seed) {}
+  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen_); }
+  float normal(float mean = 0, float std = 1) { return std::normal_distribution<float>(mean, std)(gen_); }
+  uint32_t bits() { return uint32_t(gen_()); }
+  int64_t below(int64_t n) { return int64_t(gen_() % uint64_t(n)); }
+
+ private:
+  std::mt19937_64 gen_;
+};
+
+// Fill helpers: n values (a row stride ld > width leaves the gaps filled too, with the same law).
+void fill_uniform(Rng& rng, float* x, int64_t n, float lo, float hi);
+void fill_normal(Rng& rng, float* x, int64_t n, float std = 1.0f);
+// Uniform in (lo, hi) then rounded to bf16 (the activations the model feeds ops in bf16 mode).
+void fill_uniform_bf16(Rng& rng, float* x, int64_t n, float lo, float hi);
+
+class OpCase {
+ public:
+  virtual ~OpCase() = default;
+  virtual std::string op() const = 0;
+  virtual std::string shape() const = 0;
+  virtual void init(Rng& rng) = 0;
+  virtual void run(Backend b, RunContext& ctx) = 0;
+  virtual double max_nmse() const { return 1e-7; }
+  virtual bool supports(Backend b) const { return b == Backend::ref || b == Backend::cpu; }
+  virtual bool perf() const { return false; }
+  virtual double bytes() const { return 0; }
+  virtual double flops() const { return 0; }
+};
+
+using CaseList = std::vector<std::unique_ptr<OpCase>>;
+using CaseFactory = void (*)(CaseList& cases);
+
+struct CaseRegistrar {
+  CaseRegistrar(const char* name, CaseFactory fn);
+};
+std::vector<std::pair<std::string, CaseFactory>>& case_factories();
+
+}  // namespace k3::opt
+
+#define K3_OP_CASES(name)                                                                       \
+  static void name(::k3::opt::CaseList& cases);                                                 \
+  static const ::k3::opt::CaseRegistrar name##_registrar(#name, name);                          \
+  static void name(::k3::opt::CaseList& cases)
