@@ -2,13 +2,14 @@
 
 CLI contract exercised (tools/k3/cmd_logits.cpp):
     k3 logits -m DIR --tokens 1,2,3,... -o OUT.npy --precision fp32|bf16 [--decode-path] [--chunk N]
+              [--mla absorbed|unabsorbed]
     -> OUT.npy: float32 [T, vocab], the logits of every position of one sequence.
 Bounds (NMSE = sum (engine - ref)^2 / sum ref^2):
     fp32: NMSE <= 1e-6 against the exact-math reference, and every position's own NMSE <= 1e-5
           (so an error confined to a few positions, e.g. one decode step, cannot hide in the average);
     bf16: NMSE <= 1e-3 against the bf16-rounding reference (the observed value is printed; run with -s).
 Cases: every model one-shot; sequences past the K3.1 index_topk (8) several times (70 tokens) and across
-more than one 64-token KDA chunk (150 tokens); the token-by-token decode path; chunked prefill.
+more than one 64-token KDA chunk (150 tokens); the token-by-token decode path; chunked prefill; both MLA forms.
 A failing or missing `k3 logits` fails these tests (it never skips them).
 """
 import functools
@@ -60,6 +61,7 @@ CASES = [   # (model, tokens, extra CLI args)
     ("tiny-k31", 70, ("--decode-path",)),
     *[(m, 70, ("--chunk", "16")) for m in MODELS],
     ("tiny-k3", 150, ("--chunk", "7")),
+    *[(m, 40, ("--mla", mode)) for m in ("tiny-kl", "tiny-k31") for mode in ("absorbed", "unabsorbed")],
 ]
 
 
