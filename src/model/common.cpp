@@ -65,9 +65,15 @@ void l2norm_scaled(float* x, int64_t n, int64_t d, float eps, float scale) {
   }
 }
 
-void linear_into(const Ctx& c, const LinearWeight& W, const float* x, int64_t n_tok, float* y, bool round) {
+void linear_into(const Ctx& c, const LinearWeight& W, const float* x, int64_t n_tok, float* y, bool round,
+                 bool x_exact) {
   if (n_tok <= 0) return;
-  linear_cpu(W, x, y, n_tok, c.pool);
+  LinearParams p;
+  p.n_tok = n_tok;
+  p.x = x;
+  p.y = y;
+  p.x_precision = x_exact ? Precision::fp32 : c.prec;
+  linear_cpu(W, p, c.pool);
   if (round) c.rnd(y, n_tok * W.out);
 }
 

@@ -52,7 +52,9 @@ void l2norm_scaled(float* x, int64_t n, int64_t d, float eps, float scale);
 
 // y = W x for n_tok rows, then the bf16 rounding point. y is resized to [n_tok, W.out].
 void linear(const Ctx& c, const LinearWeight& W, const float* x, int64_t n_tok, std::vector<float>& y);
-// The same, into a caller-provided buffer [n_tok, W.out]; `round` false keeps the fp32 output.
-void linear_into(const Ctx& c, const LinearWeight& W, const float* x, int64_t n_tok, float* y, bool round = true);
+// The same, into a caller-provided buffer [n_tok, W.out]; `round` false keeps the fp32 output. In bf16 mode
+// x must hold bf16-rounded values (the bf16 dot path is used) unless `x_exact` is set.
+void linear_into(const Ctx& c, const LinearWeight& W, const float* x, int64_t n_tok, float* y, bool round = true,
+                 bool x_exact = false);
 
 }  // namespace k3

@@ -113,7 +113,7 @@ void mla_forward(const Ctx& c, const ModelConfig& cfg, const MlaWeights& w, bool
       Wuv.out = m.d_v;
       Wuv.w = static_cast<const char*>(w.kv_b_proj.w) + size_t((h * wkv + m.d_nope) * R) * dtype_size(Wuv.dtype);
       for (int64_t t = 0; t < n_tok; ++t) std::copy_n(&zh[size_t((t * nh + h) * R)], R, &xin[size_t(t * R)]);
-      linear_into(c, Wuv, xin.data(), n_tok, zo.data(), /*round=*/false);
+      linear_into(c, Wuv, xin.data(), n_tok, zo.data(), /*round=*/false, /*x_exact=*/true);
       for (int64_t t = 0; t < n_tok; ++t) std::copy_n(&zo[size_t(t * m.d_v)], m.d_v, &z[size_t((t * nh + h) * m.d_v)]);
     }
   }

@@ -1,12 +1,167 @@
-// k3 logits
+// k3 logits: runs the model over a token sequence and writes every position's logits to a .npy file.
+//
+//   k3 logits -m DIR (--tokens 1,2,3 | --tokens-file F.npy | -p TEXT) -o OUT.npy
+//             [--precision fp32|bf16] [--decode-path] [--chunk N] [--mla absorbed|unabsorbed] [-t THREADS]
+//
+// OUT.npy: float32 [T, n_vocab], row t = logits after token t. One-shot prefill by default; --decode-path
+// feeds one token per call; --chunk N prefills in pieces of N (each continuing from the state). The tokens
+// file is a 1-D (or [1, T]) .npy of int32/int64/uint32. -p encodes TEXT with DIR's tokenizer (no specials).
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
 #include "commands.h"
+#include "core/status.h"
+#include "io/checkpoint.h"
+#include "io/tokenizer.h"
+#include "model/model.h"
 
 namespace k3::cli {
+namespace {
+
+Status write_npy_f32(const std::string& path, const std::vector<float>& data, int64_t rows, int64_t cols) {
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(rows) + ", " +
+                       std::to_string(cols) + "), }";
+  const size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header.push_back('\n');
+  std::ofstream f(path, std::ios::binary);
+  if (!f) return error(Code::bad_file, "cannot write " + path);
+  const uint16_t hlen = uint16_t(header.size());
+  f.write("\x93NUMPY\x01\x00", 8);
+  f.write(reinterpret_cast<const char*>(&hlen), 2);
+  f.write(header.data(), std::streamsize(header.size()));
+  f.write(reinterpret_cast<const char*>(data.data()), std::streamsize(data.size() * sizeof(float)));
+  return f ? ok_status() : error(Code::bad_file, "short write to " + path);
+}
+
+Result<std::vector<int32_t>> read_npy_tokens(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return error(Code::not_found, "cannot open " + path);
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (all.size() < 10 || std::memcmp(all.data(), "\x93NUMPY", 6) != 0) return error(Code::bad_file, path + ": not a .npy file");
+  const int major = uint8_t(all[6]);
+  size_t hlen, off;
+  if (major == 1) {
+    hlen = uint8_t(all[8]) | (size_t(uint8_t(all[9])) << 8);
+    off = 10;
+  } else {
+    if (all.size() < 12) return error(Code::bad_file, path + ": truncated header");
+    hlen = uint8_t(all[8]) | (size_t(uint8_t(all[9])) << 8) | (size_t(uint8_t(all[10])) << 16) |
+           (size_t(uint8_t(all[11])) << 24);
+    off = 12;
+  }
+  if (off + hlen > all.size()) return error(Code::bad_file, path + ": truncated header");
+  const std::string h = all.substr(off, hlen);
+  size_t esize = 0;
+  bool is_signed = true;
+  if (h.find("'<i4'") != std::string::npos) esize = 4;
+  else if (h.find("'<i8'") != std::string::npos) esize = 8;
+  else if (h.find("'<u4'") != std::string::npos) esize = 4, is_signed = false;
+  else return error(Code::unsupported, path + ": token dtype must be <i4, <i8 or <u4");
+  if (h.find("'fortran_order': True") != std::string::npos) return error(Code::unsupported, path + ": fortran order");
+  const size_t data_off = off + hlen;
+  const size_t n = (all.size() - data_off) / esize;
+  std::vector<int32_t> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const char* p = all.data() + data_off + i * esize;
+    int64_t v;
+    if (esize == 8) std::memcpy(&v, p, 8);
+    else if (is_signed) { int32_t x; std::memcpy(&x, p, 4); v = x; }
+    else { uint32_t x; std::memcpy(&x, p, 4); v = x; }
+    if (v < INT32_MIN || v > INT32_MAX) return error(Code::out_of_range, path + ": token id out of int32 range");
+    out[i] = int32_t(v);
+  }
+  return out;
+}
+
+Result<std::vector<int32_t>> parse_token_list(const std::string& s) {
+  std::vector<int32_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    try {
+      size_t used = 0;
+      const long long v = std::stoll(item, &used);
+      if (used != item.size() || v < INT32_MIN || v > INT32_MAX) throw std::invalid_argument(item);
+      out.push_back(int32_t(v));
+    } catch (const std::exception&) {
+      return error(Code::invalid_argument, "--tokens: not an integer: '" + item + "'");
+    }
+  }
+  return out;
+}
+
+struct Args {
+  std::string model, tokens, tokens_file, prompt, out, precision = "fp32", mla;
+  bool decode_path = false;
+  int chunk = 0, threads = 0;
+};
+
+Status run(const Args& a) {
+  int n_src = !a.tokens.empty() + !a.tokens_file.empty() + !a.prompt.empty();
+  if (n_src != 1) return error(Code::invalid_argument, "give exactly one of --tokens, --tokens-file, -p");
+  ModelOptions opt;
+  if (a.precision == "bf16") opt.precision = Precision::bf16;
+  else if (a.precision != "fp32") return error(Code::invalid_argument, "--precision must be fp32 or bf16");
+  if (a.mla == "absorbed") opt.mla = MlaPath::absorbed;
+  else if (a.mla == "unabsorbed") opt.mla = MlaPath::unabsorbed;
+  else if (!a.mla.empty()) return error(Code::invalid_argument, "--mla must be absorbed or unabsorbed");
+  if (a.chunk < 0) return error(Code::invalid_argument, "--chunk must be positive");
+  opt.n_threads = a.threads;
+
+  std::vector<int32_t> tokens;
+  if (!a.tokens.empty()) {
+    K3_ASSIGN_OR_RETURN(tokens, parse_token_list(a.tokens));
+  } else if (!a.tokens_file.empty()) {
+    K3_ASSIGN_OR_RETURN(tokens, read_npy_tokens(a.tokens_file));
+  } else {
+    K3_ASSIGN_OR_RETURN(auto tok, Tokenizer::open(a.model));
+    tokens = tok->encode(a.prompt, false);
+  }
+  if (tokens.empty()) return error(Code::invalid_argument, "no tokens");
+
+  K3_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::open(a.model));
+  K3_ASSIGN_OR_RETURN(auto model, Model::load(*ckpt, opt));
+  auto state = model->new_state();
+  const int64_t T = int64_t(tokens.size()), V = model->config().n_vocab;
+  std::vector<float> all, part;
+  all.reserve(size_t(T * V));
+  const int64_t step = a.decode_path ? 1 : (a.chunk > 0 ? a.chunk : T);
+  for (int64_t t0 = 0; t0 < T; t0 += step) {
+    const int64_t n = std::min(step, T - t0);
+    K3_RETURN_IF_ERROR(model->forward(*state, tokens.data() + t0, n, &part, true));
+    all.insert(all.end(), part.begin(), part.end());
+  }
+  return write_npy_f32(a.out, all, T, V);
+}
+
+}  // namespace
 
 void add_logits(CLI::App& app) {
-  auto* cmd = app.add_subcommand("logits", "(not available yet)");
-  cmd->allow_extras();
-  cmd->callback([] { not_available("logits", "skeleton"); });
+  auto args = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("logits", "write per-position logits of a token sequence to a .npy file");
+  cmd->add_option("-m,--model", args->model, "checkpoint directory")->required();
+  cmd->add_option("--tokens", args->tokens, "comma-separated token ids");
+  cmd->add_option("--tokens-file", args->tokens_file, ".npy file of token ids (1-D int32/int64)");
+  cmd->add_option("-p,--prompt", args->prompt, "text, encoded with the checkpoint's tokenizer");
+  cmd->add_option("-o,--output", args->out, "output .npy (float32 [T, n_vocab])")->required();
+  cmd->add_option("--precision", args->precision, "fp32 | bf16 (default fp32)");
+  cmd->add_flag("--decode-path", args->decode_path, "feed one token per forward call");
+  cmd->add_option("--chunk", args->chunk, "prefill in pieces of N tokens");
+  cmd->add_option("--mla", args->mla, "force the MLA path: absorbed | unabsorbed");
+  cmd->add_option("-t,--threads", args->threads, "threads (default: all cores)");
+  cmd->callback([args] {
+    Status s = run(*args);
+    if (!s.ok()) {
+      std::fprintf(stderr, "k3 logits: %s\n", s.message().c_str());
+      exit_code() = 1;
+    }
+  });
 }
 
 }  // namespace k3::cli
