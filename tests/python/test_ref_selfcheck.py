@@ -152,6 +152,19 @@ def test_a_log_layouts():
         head_a_log(np.array([0.5, 1.5, 0.25, 0]), 2)
 
 
+def test_router_bias_selects_but_never_weights():
+    from types import SimpleNamespace
+    from ref.ffn import route
+    logits = np.array([2.0, 1.0, 0.0, -1.0, 1.0])                 # s = sigmoid(x W^T) with x = [1]
+    s = 1.0 / (1.0 + np.exp(-logits))                          # .881 .731 .5 .269 .731
+    cfg = SimpleNamespace(n_expert_used=3, renormalize=True, routed_scaling_factor=2.446)
+    sel, w, c = route(cfg, np.ones((1, 1)), logits[:, None], np.zeros(5))
+    assert list(sel[0]) == [0, 1, 4]                             # experts 1 and 4 tie -> lower id first
+    sel, w, c = route(cfg, np.ones((1, 1)), logits[:, None], np.array([0.0, 0.0, 0.0, 0.9, 0.0]))
+    assert list(sel[0]) == [3, 0, 1]                             # the bias lifts expert 3 to the top ...
+    assert np.allclose(w[0], s[[3, 0, 1]] / s[[3, 0, 1]].sum() * 2.446, rtol=1e-15)   # ... but not its weight
+
+
 def test_top_k_ties_to_lower_index():
     s = np.array([1.0, 3.0, 2.0, 3.0, 2.0, -1.0])
     assert list(top_k(s, 4)) == [1, 3, 2, 4]
