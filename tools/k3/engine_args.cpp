@@ -1,0 +1,77 @@
+// engine_args.cpp: shared flags and loading for the generation commands (engine_args.h).
+#include "engine_args.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+
+#include "commands.h"
+
+namespace k3::cli {
+
+void add_model_options(CLI::App* cmd, ModelArgs* a) {
+  cmd->add_option("-m,--model", a->dir, "checkpoint directory")->required();
+  cmd->add_option("--precision", a->precision, "fp32 | bf16 (default fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  cmd->add_option("-t,--threads", a->threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
+}
+
+Result<Loaded> load_model(const ModelArgs& a, bool with_tokenizer) {
+  Loaded l;
+  ModelOptions opt;
+  opt.precision = a.precision == "bf16" ? Precision::bf16 : Precision::fp32;
+  opt.n_threads = a.threads;
+  K3_ASSIGN_OR_RETURN(l.ckpt, Checkpoint::open(a.dir));
+  if (with_tokenizer) {
+    K3_ASSIGN_OR_RETURN(l.tok, Tokenizer::open(a.dir));
+    if (l.tok->n_vocab() > l.ckpt->config().n_vocab)
+      return error(Code::bad_file, a.dir + ": the tokenizer has " + std::to_string(l.tok->n_vocab()) +
+                                       " ids but the model's vocab_size is " +
+                                       std::to_string(l.ckpt->config().n_vocab));
+  }
+  K3_ASSIGN_OR_RETURN(l.model, Model::load(*l.ckpt, opt));
+  return l;
+}
+
+void add_sampling_options(CLI::App* cmd, SamplingArgs* a) {
+  cmd->add_option("--temp,--temperature", a->temperature, "temperature; 0 = greedy (default 0.8)");
+  cmd->add_option("--top-k", a->top_k, "top-k; 0 = off (default 40)");
+  cmd->add_option("--top-p", a->top_p, "top-p; 1 = off (default 0.95)");
+  cmd->add_option("--min-p", a->min_p, "min-p; 0 = off (default 0.05)");
+  cmd->add_option("--repeat-penalty", a->repeat_penalty, "repeat penalty; 1 = off (default 1.0)");
+  cmd->add_option("--repeat-last-n", a->repeat_last_n, "tokens the penalty looks back; -1 = all (default 64)");
+  cmd->add_option("-s,--seed", a->seed, "RNG seed; -1 = random (default)");
+}
+
+Result<SamplerParams> sampler_params(const SamplingArgs& a, int32_t n_vocab) {
+  SamplerParams p;
+  p.temperature = a.temperature;
+  p.top_k = a.top_k;
+  p.top_p = a.top_p;
+  p.min_p = a.min_p;
+  p.repeat_penalty = a.repeat_penalty;
+  p.repeat_last_n = a.repeat_last_n;
+  if (a.seed >= 0) {
+    p.seed = uint64_t(a.seed);
+  } else {
+    p.seed = std::random_device{}() & 0x7fffffff;
+    if (p.temperature > 0.f) std::fprintf(stderr, "k3: sampling seed %llu\n", (unsigned long long)p.seed);
+  }
+  K3_RETURN_IF_ERROR(validate(p, n_vocab));
+  return p;
+}
+
+std::vector<int32_t> stop_ids(const ModelConfig& cfg, const Tokenizer& tok) {
+  std::vector<int32_t> ids = {tok.n_base() + 1, tok.n_base() + 2};
+  if (cfg.eos_id >= 0) ids.push_back(cfg.eos_id);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+void fail(const char* command, const Status& s) {
+  std::fprintf(stderr, "k3 %s: %s\n", command, s.message().c_str());
+  exit_code() = 1;
+}
+
+}  // namespace k3::cli
