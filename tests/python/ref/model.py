@@ -15,6 +15,9 @@ Usage:
     logits = ref.forward(tokens)                      # [T, vocab], one shot
     st = ref.new_state(); ref.forward(a, st); ref.forward(b, st)   # pieces with carried state
     trace = {}; ref.forward(tokens, trace=trace)      # named intermediates, e.g. trace["l3.attn_out"]
+Trace names (arrays [T, ...]): embed; per layer l{i}.{attn_res_attn, attn_in, attn_out, attn_res_mlp, ffn_in,
+ffn_out, out} and l{i}.{kda_o, kda_g, kda_beta | mla_o, dsa_index_scores, dsa_selected | moe_sel, moe_w,
+moe_choice}; final_h, final_norm, logits.
 Alternative paths for self-checks: kda_chunk=C (chunkwise KDA), mla_absorbed=True, dsa_topk=N (override),
 dsa_as_mla=True (DSA layers run dense MLA, the indexer unused).
 """
@@ -116,6 +119,9 @@ class Reference:
             xf = norm(f, lw + "post_attention_layernorm.weight")
             y = self.ffn(i, xf, trace)
             p = n.bf16(p + y)
+            if S:
+                record(f"l{i}.attn_res_attn", a)        # AttnRes mix feeding the attention norm
+                record(f"l{i}.attn_res_mlp", f)         # AttnRes mix feeding the FFN norm
             record(f"l{i}.attn_in", x)
             record(f"l{i}.ffn_in", xf)
             record(f"l{i}.attn_out", o)
