@@ -37,6 +37,29 @@ def batches(tokens: np.ndarray, B: int, T: int, rng: np.random.Generator, device
         yield t[:, :-1], t[:, 1:]
 
 
+def probe_batch(model, fwd, B, T, vocab, device, amp):
+    """One forward/backward at batch B; on CUDA out-of-memory halve B and retry. Returns the batch that fits."""
+    while True:
+        try:
+            x = torch.randint(0, vocab, (B, T + 1), device=device)
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+                _, loss = fwd(x[:, :-1], x[:, 1:])
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+            for m in model.moe_layers():
+                m.qb_hist.zero_()
+            if device.type == "cuda":
+                print(f"batch {B} x {T}: peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+            return B
+        except torch.cuda.OutOfMemoryError:
+            model.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            if B == 1:
+                raise
+            B //= 2
+            print(f"out of memory: retrying with batch {B}", flush=True)
+
+
 def lr_at(step, frac, base, warmup):
     w = min(1.0, (step + 1) / warmup)
     d = 1.0 if frac < 0.6 else 1.0 - 0.9 * min(1.0, (frac - 0.6) / 0.4)
@@ -96,6 +119,8 @@ def main(argv=None):
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (CUDA)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--log-every", type=int, default=25)
+    ap.add_argument("--eval-every", type=int, default=250, help="quick held-out check (16 windows); 0 = off")
+    ap.add_argument("--shard-mib", type=float, default=15.5, help="export shard size (device hand-back: 16 MiB/file)")
     args = ap.parse_args(argv)
 
     torch.manual_seed(args.seed)
@@ -115,6 +140,7 @@ def main(argv=None):
     fwd = torch.compile(model) if args.compile else model
     opts = make_optimizers(model, args.lr)
     rng = np.random.default_rng(args.seed)
+    args.batch = probe_batch(model, fwd, args.batch, args.seq, margs.vocab_size, device, amp)
     data = batches(train, args.batch, args.seq, rng, device)
     budget = args.minutes * 60.0
     t0, step, seen, qat, log = time.time(), 0, 0, False, []
@@ -144,6 +170,10 @@ def main(argv=None):
             m.qb_update(args.qb_damping)
         step += 1
         seen += x.numel()
+        if args.eval_every and step % args.eval_every == 0:
+            quick = evaluate(model, val, args.seq, 16, args.batch, device, amp)
+            log.append({"step": step, "val_ppl_16w": round(quick["ppl"], 3), "elapsed_s": round(time.time() - t0, 1)})
+            print(json.dumps(log[-1]), flush=True)
         if step % args.log_every == 0 or step == 1:
             loads = torch.stack([m.load for m in model.moe_layers()])
             imb = float((loads.max(-1).values / loads.mean(-1)).mean())
@@ -176,9 +206,10 @@ def main(argv=None):
             print(f"sample[{name}]: {samples[name]!r}", flush=True)
     except Exception as e:                                    # samples are a courtesy; never lose the run
         print(f"sampling skipped: {e!r}", flush=True)
-    info = export(model.cpu(), os.path.join(args.out, "model"), None)
+    info = export(model.cpu(), os.path.join(args.out, "model"), None, shard_bytes=int(args.shard_mib * 2**20))
     summary = {"params": counts, "steps": step, "tokens_seen": seen, "train_seconds": round(train_s, 1),
-               "epochs": round(seen / len(train), 2), "final_train_loss": log[-1]["loss"] if log else None,
+               "epochs": round(seen / len(train), 2),
+               "final_train_loss": next((r["loss"] for r in reversed(log) if "loss" in r), None),
                "held_out": ev, "export": info, "samples": samples, "args": vars(args),
                "qb_bias_std": [float(m.gate.e_score_correction_bias.std()) for m in model.moe_layers()],
                "log": log}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# run_device.sh: one command on the GPU machine: (tokenize) -> train for a fixed budget -> held-out
+# perplexity -> export to $OUT -> summary. Run from the repo root, e.g. through the device tool:
+#   command: bash training/run_device.sh          carry: [".carry/data", ".carry/tokenizer"]
+# Inputs (carried, git-ignored): .carry/data/{train,val}.npy + meta.json (training/tokenize_corpus.py) and
+# .carry/tokenizer/{tiktoken.model,tokenizer_config.json} (tools/train_bpe.py). If .carry/data is absent but
+# .carry/corpus/*.jsonl was carried instead, it tokenizes first (tiktoken + regex are on the device image).
+# Environment knobs: MINUTES (training budget, default 7.5 so the whole call fits the 10-minute command
+# limit), DSA=1 (K3.1 variant), BATCH (default 32), SEQ (1024), LR (3e-3), EXTRA (more train.py flags).
+# $OUT gets: model/config.json, model/model.safetensors.index.json, model/model-0000i-of-0000n.safetensors
+# (<= 15.5 MiB each: the device hands back at most 8 files of 16 MiB, 64 MiB in all) and summary.json.
+# The tokenizer files are not copied back (they are already in .carry/tokenizer here); see docs/training.md.
+set -euo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/k3-train-out}
+MINUTES=${MINUTES:-7.5}
+BATCH=${BATCH:-32}
+SEQ=${SEQ:-1024}
+LR=${LR:-3e-3}
+DATA=.carry/data
+TOK=.carry/tokenizer
+PY=${PYTHON:-python3}
+
+$PY - <<'EOF'
+import torch
+print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
+EOF
+if [ ! -f "$DATA/train.npy" ]; then
+  echo "== tokenizing .carry/corpus"
+  $PY training/tokenize_corpus.py --corpus .carry/corpus --tokenizer "$TOK" --out "$DATA"
+fi
+mkdir -p "$OUT"
+flags=(--data "$DATA" --tokenizer "$TOK" --out "$OUT" --minutes "$MINUTES" --batch "$BATCH" --seq "$SEQ" --lr "$LR")
+if [ "${DSA:-0}" = "1" ]; then flags+=(--dsa); fi
+echo "== training: ${flags[*]} ${EXTRA:-}"
+# shellcheck disable=SC2086
+$PY training/train.py "${flags[@]}" ${EXTRA:-}
+echo "== files in \$OUT"
+find "$OUT" -type f -printf '%p %s\n'
