@@ -101,6 +101,7 @@ struct Row {
 
 Status run(const BenchArgs& a) {
   if (a.n_decode < 1 || a.reps < 1) return error(Code::invalid_argument, "-n and -r must be at least 1");
+  if (a.bw_mb < 0 || a.bw_mb > (int64_t(1) << 30)) return error(Code::invalid_argument, "--bw-mb out of range");
   for (int p : a.prompt_lens)
     if (p < 1) return error(Code::invalid_argument, "-p lengths must be positive");
   for (int b : a.batches)
