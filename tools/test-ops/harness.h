@@ -96,6 +96,34 @@ class OpCase {
   virtual double flops() const { return 0; }
 };
 
+// A case from two closures, for ops whose state fits in a lambda capture (see cases_norm.cpp):
+//   auto st = std::make_shared<State>(...);
+//   cases.push_back(std::make_unique<FnCase>("rms_norm", "n_row=17 d=64", 1e-10,
+//       [st](Rng& rng) { ...fill st... }, [st](Backend b, RunContext& ctx) { ...run... }));
+class FnCase : public OpCase {
+ public:
+  FnCase(std::string op, std::string shape, double max_nmse, std::function<void(Rng&)> init,
+         std::function<void(Backend, RunContext&)> run, bool perf = false, double bytes = 0, double flops = 0)
+      : op_(std::move(op)), shape_(std::move(shape)), max_nmse_(max_nmse), init_(std::move(init)),
+        run_(std::move(run)), perf_(perf), bytes_(bytes), flops_(flops) {}
+  std::string op() const override { return op_; }
+  std::string shape() const override { return shape_; }
+  void init(Rng& rng) override { init_(rng); }
+  void run(Backend b, RunContext& ctx) override { run_(b, ctx); }
+  double max_nmse() const override { return max_nmse_; }
+  bool perf() const override { return perf_; }
+  double bytes() const override { return bytes_; }
+  double flops() const override { return flops_; }
+
+ private:
+  std::string op_, shape_;
+  double max_nmse_;
+  std::function<void(Rng&)> init_;
+  std::function<void(Backend, RunContext&)> run_;
+  bool perf_;
+  double bytes_, flops_;
+};
+
 using CaseList = std::vector<std::unique_ptr<OpCase>>;
 using CaseFactory = void (*)(CaseList& cases);
 
