@@ -8,7 +8,8 @@ and replaced by their special ids; the text between them is encoded as ordinary 
 segment rule, FORMATS.md §1.1). Prose documents are encoded as plain text only (no special parsing).
 Stream layout: every prose document is [BOS] + BPE(text); chat documents are BPE/marker segments
 with no BOS (the K3 chat format has none), each message ending in <|end_of_msg|>.
-Output: OUT/train.npy, OUT/val.npy (uint16, 1-D) and OUT/meta.json {n_base, n_vocab, ids, counts}.
+Output: OUT/train.npy, OUT/val.npy (uint16, 1-D) and OUT/meta.json {n_base, n_vocab, ids, counts}; and the
+engine-comparable held-out text OUT/val_eval.txt with its encoding OUT/val_eval.npy (write_eval_text).
 Usage: tokenize_corpus.py --corpus .carry/corpus --tokenizer .carry/tokenizer --out .carry/data
 """
 import argparse
@@ -24,6 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from train_bpe import PAT_STR  # noqa: E402  (the one definition of the Kimi pre-tokenizer)
 
 MARKERS = ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"]
+EVAL_MAX_CHARS = 380_000
 
 
 def load_tokenizer(tok_dir: str):
@@ -62,6 +64,27 @@ def encode_doc(enc, specials, doc) -> list:
     return [specials["[BOS]"]] + enc.encode_ordinary(doc["text"])
 
 
+def write_eval_text(enc, corpus: str, out: str, max_chars: int = EVAL_MAX_CHARS) -> dict:
+    """OUT/val_eval.txt: held-out prose documents joined by blank lines, whole documents up to max_chars
+    code points (below the tokenizer's 400,000-code-point window, so engine and tiktoken cut nothing), and
+    OUT/val_eval.npy: its ordinary-text encoding without BOS, what `k3 perplexity -f val_eval.txt` scores."""
+    parts, n = [], 0
+    with open(os.path.join(corpus, "val.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            doc = json.loads(line)
+            if doc["src"] == "chat" or n + len(doc["text"]) + 2 > max_chars:
+                continue
+            parts.append(doc["text"])
+            n += len(doc["text"]) + 2
+    text = "\n\n".join(parts) + "\n"
+    with open(os.path.join(out, "val_eval.txt"), "w", encoding="utf-8") as f:
+        f.write(text)
+    ids = np.asarray(enc.encode_ordinary(text), dtype=np.uint16)
+    np.save(os.path.join(out, "val_eval.npy"), ids)
+    print(f"val_eval.txt: {len(parts)} documents, {len(text)} code points, {ids.size} tokens")
+    return {"documents": len(parts), "code_points": len(text), "tokens": int(ids.size)}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--corpus", default=".carry/corpus")
@@ -89,6 +112,7 @@ def main(argv=None):
         np.save(os.path.join(args.out, part + ".npy"), arr)
         meta[part] = {"tokens": int(arr.size), "tokens_by_src": counts, "bytes_by_src": n_bytes}
         print(f"{part}: {arr.size} tokens, {sum(n_bytes.values()) / max(arr.size, 1):.2f} bytes/token")
+    meta["val_eval"] = write_eval_text(enc, args.corpus, args.out)
     with open(os.path.join(args.out, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
 

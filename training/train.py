@@ -85,6 +85,35 @@ def evaluate(model, val: np.ndarray, T: int, windows: int, B: int, device, amp):
 
 
 @torch.no_grad()
+def evaluate_text(model, ids: np.ndarray, ctx: int, B: int, device, amp, max_windows: int = 0):
+    """The `k3 perplexity -c ctx` definition (tools/k3/cmd_perplexity.cpp, stride = ctx): windows
+    [b, min(b + ctx, N)) with b = k ctx until b + ctx >= N, each from a fresh state; every id after the
+    window's first is scored: perplexity = exp(mean -log softmax(z_{j-1})[id_j])."""
+    model.eval()
+    N, starts, b = len(ids), [], 0
+    while True:
+        starts.append(b)
+        if b + ctx >= N or (max_windows and len(starts) >= max_windows):
+            break
+        b += ctx
+    nll, count = 0.0, 0
+    full = [s for s in starts if s + ctx <= N]
+    groups = [full[i:i + B] for i in range(0, len(full), B)] + [[s] for s in starts if s + ctx > N]
+    for group in groups:
+        rows = np.stack([ids[s:min(s + ctx, N)].astype(np.int64) for s in group])
+        x = torch.from_numpy(rows).to(device)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+            logits = model(x[:, :-1])
+        lp = torch.log_softmax(logits.float(), -1).gather(-1, x[:, 1:, None])
+        nll -= float(lp.double().sum())
+        count += lp.numel()
+    model.train()
+    cmd = f"k3 perplexity -m MODEL_DIR -f .carry/data/val_eval.txt -c {ctx}"
+    return {"windows": len(starts), "ctx": ctx, "tokens_scored": count, "ppl": math.exp(nll / max(count, 1)),
+            "engine_command": cmd + (f" --max-windows {max_windows}" if max_windows else "")}
+
+
+@torch.no_grad()
 def sample(model, prompt_ids, n_new, device, stop_id, temperature=0.8, top_k=40, seed=0):
     model.eval()
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -114,6 +143,8 @@ def main(argv=None):
     ap.add_argument("--qat-frac", type=float, default=0.2)
     ap.add_argument("--qb-damping", type=float, default=0.5)
     ap.add_argument("--eval-windows", type=int, default=128)
+    ap.add_argument("--sample-tokens", type=int, default=60)
+    ap.add_argument("--eval-text-windows", type=int, default=0, help="limit val_eval.txt windows (0 = all)")
     ap.add_argument("--dsa", action="store_true", help="K3.1 variant: Gated DSA indexers on the MLA layers")
     ap.add_argument("--tiny", action="store_true", help="toy widths for CPU smoke tests")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (CUDA)")
@@ -190,6 +221,11 @@ def main(argv=None):
     model.set_qat(True)
     ev = evaluate(model, val, args.seq, args.eval_windows, args.batch, device, amp)
     print(f"held-out: {json.dumps(ev)}", flush=True)
+    ev_text = None
+    if os.path.exists(os.path.join(args.data, "val_eval.npy")):
+        ev_text = evaluate_text(model, np.load(os.path.join(args.data, "val_eval.npy")), args.seq, args.batch,
+                                device, amp, args.eval_text_windows)
+        print(f"held-out text (engine definition): {json.dumps(ev_text)}", flush=True)
     samples = {}
     try:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -202,7 +238,7 @@ def main(argv=None):
                                        '<|close|>message<|sep|><|end_of_msg|><|open|>message role="assistant"'
                                        '<|sep|><|open|>think<|sep|>')}
         for name, ids in prompts.items():
-            samples[name] = dec(ids) + " ||| " + dec(sample(model, ids, 60 if not args.tiny else 8, device, margs.stop_id))
+            samples[name] = dec(ids) + " ||| " + dec(sample(model, ids, args.sample_tokens, device, margs.stop_id))
             print(f"sample[{name}]: {samples[name]!r}", flush=True)
     except Exception as e:                                    # samples are a courtesy; never lose the run
         print(f"sampling skipped: {e!r}", flush=True)
@@ -210,12 +246,13 @@ def main(argv=None):
     summary = {"params": counts, "steps": step, "tokens_seen": seen, "train_seconds": round(train_s, 1),
                "epochs": round(seen / len(train), 2),
                "final_train_loss": next((r["loss"] for r in reversed(log) if "loss" in r), None),
-               "held_out": ev, "export": info, "samples": samples, "args": vars(args),
+               "held_out": ev, "held_out_text": ev_text, "export": info, "samples": samples, "args": vars(args),
                "qb_bias_std": [float(m.gate.e_score_correction_bias.std()) for m in model.moe_layers()],
                "log": log}
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print(f"SUMMARY steps={step} tokens={seen} train_s={train_s:.0f} held_out_ppl={ev['ppl']:.3f} "
+          f"val_eval_txt_ppl={ev_text['ppl'] if ev_text else float('nan'):.3f} "
           f"export={info['bytes'] / 2**20:.1f} MiB in {len(info['shards'])} shards", flush=True)
 
 
