@@ -155,6 +155,13 @@ Status CheckpointImpl::load(const std::string& dir, const CheckpointOptions& opt
   }
   if (!opt.validate) return ok_status();
 
+  // A config far larger than the files (e.g. a wrong num_experts) would build a huge manifest: stop early.
+  int64_t min_expected = 0;
+  for (int i = 0; i < config_.n_layer; ++i)
+    min_expected += 2 + (config_.layer_moe[size_t(i)] ? 3 * int64_t(config_.moe.n_expert) : 3);
+  if (min_expected > 4 * int64_t(tensors_.size()) + 1024)
+    return error(Code::bad_file, dir_ + ": config.json implies at least " + std::to_string(min_expected) +
+                                     " tensors but the checkpoint holds " + std::to_string(tensors_.size()));
   auto has = [&](const std::string& n) { return find(n) != nullptr; };
   const std::vector<ExpectedTensor> manifest = expected_tensors(config_, has);
   K3_RETURN_IF_ERROR(check_manifest(config_, manifest, [&](const std::string& n) { return find(n); }, dir_));
