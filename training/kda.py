@@ -104,7 +104,8 @@ class KDA(nn.Module):
 
     def _conv(self, x, w):                                  # x [B,T,C] -> SiLU(causal conv) fp32
         xf = x.float().transpose(1, 2)
-        y = F.conv1d(F.pad(xf, (w.shape[-1] - 1, 0)), w.float(), groups=w.shape[0])
+        with torch.autocast(device_type=x.device.type, enabled=False):   # conv1d would autocast to bf16
+            y = F.conv1d(F.pad(xf, (w.shape[-1] - 1, 0)), w.float(), groups=w.shape[0])
         return F.silu(y).transpose(1, 2)
 
     def forward(self, x):
@@ -120,7 +121,7 @@ class KDA(nn.Module):
         a = self.A_log[:H].float().exp().repeat_interleave(K)             # exp(A_log[h]) per channel
         g = heads(self.lower * torch.sigmoid(a * z))                       # [B,H,T,K] in (-5, 0)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            o = chunk_kda(q, k, v, g, beta, self.chunk)                    # [B,H,T,V] fp32
+            o = chunk_kda(q.float(), k.float(), v.float(), g.float(), beta.float(), self.chunk)                    # [B,H,T,V] fp32
         o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps) * self.o_norm.float()
         gate = torch.sigmoid(heads(self.g_proj(x).float()))
         y = (o * gate).transpose(1, 2).reshape(B, T, H * K)
