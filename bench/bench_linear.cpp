@@ -39,7 +39,7 @@ k3::ThreadPool& pool() {
 
 void BM_read_bandwidth(benchmark::State& state) {
   const int64_t n = big_bytes() / 8;
-  std::vector<uint64_t> buf(size_t(n));
+  std::vector<uint64_t> buf(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) buf[size_t(i)] = uint64_t(i) * 2654435761u;
   std::vector<uint64_t> partial(64);
   for (auto _ : state) {
@@ -68,7 +68,7 @@ void BM_gemv(benchmark::State& state, bool mxfp4, k3::Precision prec) {
     for (size_t i = 1; i < w.size(); i += 2) w[i] &= 0xbf;
   if (mxfp4) scale.assign(size_t(out * kIn / 32), 120);
   k3::LinearWeight W{mxfp4 ? k3::DType::u8 : k3::DType::bf16, out, kIn, w.data(), mxfp4 ? scale.data() : nullptr};
-  std::vector<float> x(size_t(kIn)), y(size_t(out));
+  std::vector<float> x(static_cast<size_t>(kIn)), y(static_cast<size_t>(out));
   for (auto& v : x) v = k3::round_bf16(std::uniform_real_distribution<float>(-1, 1)(gen));
   k3::LinearParams p;
   p.n_tok = 1;

@@ -49,11 +49,13 @@ struct Fp8Table {
 // W[row, col0 .. col0+n) to fp32; MXFP4 elements come out WITHOUT their scale (mag only), n <= 32,
 // and a chunk never straddles a 32-group.
 void decode_unscaled(const LinearWeight& W, int64_t row, int64_t col0, int n, float* out) {
-  if (W.is_mxfp4()) {
-    const uint8_t* b = static_cast<const uint8_t*>(W.w) + row * (W.in / 2);
-    for (int k = 0; k < n; ++k) {
-      const int64_t c = col0 + k;
-      out[k] = e2m1_to_f32((c % 2 == 0) ? (b[c / 2] & 0x0f) : (b[c / 2] >> 4));
+  if (W.is_mxfp4()) {  // col0 and n are even here (in % 32 == 0): one byte gives two columns
+    static constexpr float kE2m1[16] = {0.f,  .5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
+                                        -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+    const uint8_t* b = static_cast<const uint8_t*>(W.w) + row * (W.in / 2) + col0 / 2;
+    for (int k = 0; k < n; k += 2) {
+      out[k] = kE2m1[b[k / 2] & 0x0f];
+      out[k + 1] = kE2m1[b[k / 2] >> 4];
     }
     return;
   }
@@ -164,21 +166,27 @@ void linear_cpu(const LinearWeight& W, const LinearParams& p, ThreadPool* pool) 
     thread_local std::vector<uint16_t> scratch;
     j.ldxb = (W.in + 31) / 32 * 32;
     if (scratch.size() < size_t(p.n_tok * j.ldxb)) scratch.resize(size_t(p.n_tok * j.ldxb));
-    uint16_t* xb = scratch.data();
-    parallel_for(pool, p.n_tok, [&](int64_t t0, int64_t t1) {
+    j.xb = scratch.data();
+    // (lambdas capture one pointer so std::function keeps them inline: no allocation per call)
+    const Job* jp = &j;
+    parallel_for(jp->n_tok > 16 ? pool : nullptr, p.n_tok, [jp](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
-        const float* x = j.x + t * j.ldx;
-        uint16_t* d = xb + t * j.ldxb;
-        for (int64_t i = 0; i < W.in; ++i) d[i] = f32_to_bf16(x[i]);
-        for (int64_t i = W.in; i < j.ldxb; ++i) d[i] = 0;
+        const float* x = jp->x + t * jp->ldx;
+        uint16_t* d = const_cast<uint16_t*>(jp->xb) + t * jp->ldxb;
+        for (int64_t i = 0; i < jp->W->in; ++i) d[i] = f32_to_bf16(x[i]);
+        for (int64_t i = jp->W->in; i < jp->ldxb; ++i) d[i] = 0;
       }
     });
-    j.xb = xb;
     rows = rows_avx512_bf16;
   }
+  struct Split {
+    const Job* j;
+    void (*rows)(const Job&, int64_t, int64_t);
+  } split{&j, rows};
+  const Split* sp = &split;
   const int64_t n_tiles = (W.out + kRowTile - 1) / kRowTile;
-  parallel_for(pool, n_tiles, [&](int64_t b, int64_t e) {
-    rows(j, b * kRowTile, std::min(W.out, e * kRowTile));
+  parallel_for(pool, n_tiles, [sp](int64_t b, int64_t e) {
+    sp->rows(*sp->j, b * kRowTile, std::min(sp->j->W->out, e * kRowTile));
   });
 }
 

@@ -17,6 +17,7 @@
 //
 // Registration, from any tools/test-ops/cases_*.cpp (no header edits needed):
 //   K3_OP_CASES(linear_cases) { cases.push_back(std::make_unique<LinearCase>(...)); }
+// FnCase (below) builds a case from an init and a run closure; cases_norm.cpp shows it.
 // The cpu backend runs at every CPU level this machine has (cpu = best, cpu-avx512, cpu-portable), so the
 // portable fallback is always covered. Usage: test-ops test|perf|list [-o OP] [-b BACKEND] [-t THREADS].
 #pragma once
