@@ -1,0 +1,35 @@
+// runner.h: one sequence's forward calls through the prefix cache.
+//
+//   feed(ids):  pieces = ids cut at the last hash-aligned position p (p % T_h == 0) strictly inside them
+//               per piece: cache.reserve(piece) -> model.forward(state, piece) -> cache.commit(state)
+// so every forward that crosses a hash boundary ends on one and leaves a KDA checkpoint there (the
+// model itself knows nothing about pages: it reads and appends to the contiguous SeqState). Without a
+// cache, feed() is a plain forward. An out_of_memory Status from reserve() leaves state and cache as
+// they were (the scheduler preempts and retries); other errors leave the sequence unusable.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cache/prefix_index.h"
+#include "core/status.h"
+#include "model/model.h"
+
+namespace k3 {
+
+// The sequence's view of the cache: null cache = no caching.
+struct SeqSlot {
+  SeqState* state = nullptr;
+  SeqCache* cache_seq = nullptr;
+};
+
+Status feed(Model& model, PrefixCache* cache, SeqSlot seq, std::span<const int32_t> ids, std::vector<float>* logits);
+
+// One decode token for each of several sequences: reserve all, Model::forward_batch, commit all.
+// last_logits[i]: [n_vocab]. A reserve failure names the sequence in `failed`; the sequences before it
+// stay reserved, and a retry (without the failed one) does not reserve them twice.
+Status decode_batch(Model& model, PrefixCache* cache, std::span<SeqSlot> seqs, std::span<const int32_t> ids,
+                    std::vector<std::vector<float>>* last_logits, int* failed);
+
+}  // namespace k3
