@@ -95,10 +95,12 @@ class LatentMoE(nn.Module):
         self.qat = False
         self.register_buffer("qb_hist", torch.zeros(E, self.QB_BINS), persistent=False)
         self.load = None                                               # tokens per expert, last batch
+        self.qb_observed = False
 
     def route(self, x):
         """x [N,D] -> dense routing weights [N,E] (zero outside the selection)."""
-        s = torch.sigmoid(F.linear(x.float(), self.gate.weight.float()))
+        with torch.autocast(device_type=x.device.type, enabled=False):   # router in fp32 (MODEL.md §8.2)
+            s = torch.sigmoid(F.linear(x.float(), self.gate.weight.float()))
         biased = s + self.gate.e_score_correction_bias
         sel = biased.topk(self.k, dim=-1).indices
         s_sel = s.gather(-1, sel)
@@ -115,16 +117,18 @@ class LatentMoE(nn.Module):
         idx = ((m - self.QB_LO) / (self.QB_HI - self.QB_LO) * self.QB_BINS).long()   # [N,E]
         flat = idx + torch.arange(self.E, device=s.device) * self.QB_BINS
         self.qb_hist.view(-1).scatter_add_(0, flat.reshape(-1), torch.ones(flat.numel(), device=s.device))
+        self.qb_observed = True
 
     @torch.no_grad()
     def qb_update(self, damping: float = 0.5):
         """Between steps: b_j <- b_j + damping (-Q_{1-k/E}(margins_j) - b_j), then centred."""
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(self.qb_hist)
-        hist = self.qb_hist
-        total = hist.sum(-1, keepdim=True)
-        if float(total.min()) <= 0:
+        if not self.qb_observed:                  # nothing seen since the last update (host flag: no GPU sync)
             return
+        self.qb_observed = False
+        hist = self.qb_hist
+        total = hist.sum(-1, keepdim=True).clamp_min(1.0)
         cdf = hist.cumsum(-1) / total                                            # [E,bins]
         level = 1.0 - self.k / self.E
         j = torch.searchsorted(cdf, torch.full((self.E, 1), level, device=cdf.device)).clamp(max=self.QB_BINS - 1)

@@ -8,7 +8,7 @@
 # Environment knobs: MINUTES (training budget, default 7.5 so the whole call fits the 10-minute command
 # limit), DSA=1 (K3.1 variant), BATCH (default 32), SEQ (1024), LR (3e-3), EXTRA (more train.py flags).
 # $OUT gets: model/config.json, model/model.safetensors.index.json, model/model-0000i-of-0000n.safetensors
-# (<= 15.5 MiB each: the device hands back at most 8 files of 16 MiB, 64 MiB in all) and summary.json.
+# (<= 15 MiB of data each: the device hands back at most 8 files of 16 MiB, 64 MiB in all) and summary.json.
 # The tokenizer files are not copied back (they are already in .carry/tokenizer here); see docs/training.md.
 set -euo pipefail
 export PYTHONUNBUFFERED=1

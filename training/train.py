@@ -48,6 +48,7 @@ def probe_batch(model, fwd, B, T, vocab, device, amp):
             model.zero_grad(set_to_none=True)
             for m in model.moe_layers():
                 m.qb_hist.zero_()
+                m.qb_observed = False
             if device.type == "cuda":
                 print(f"batch {B} x {T}: peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
             return B
@@ -151,7 +152,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--log-every", type=int, default=25)
     ap.add_argument("--eval-every", type=int, default=250, help="quick held-out check (16 windows); 0 = off")
-    ap.add_argument("--shard-mib", type=float, default=15.5, help="export shard size (device hand-back: 16 MiB/file)")
+    ap.add_argument("--shard-mib", type=float, default=15.0, help="export shard size (device hand-back: 16 MiB/file)")
     args = ap.parse_args(argv)
 
     torch.manual_seed(args.seed)
