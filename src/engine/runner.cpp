@@ -43,3 +43,43 @@ Status decode_batch(Model& model, PrefixCache* cache, std::span<SeqSlot> seqs, s
 }
 
 }  // namespace k3
+
+namespace k3 {
+
+Result<int64_t> ModelBackend::start(Request& r) {
+  r.state = model_.new_state();
+  r.cache_seq = SeqCache{};
+  if (!cache_) return int64_t(0);
+  return cache_->admit(r.cache_seq, std::span<const int32_t>(r.tokens).subspan(0, size_t(r.n_prefill)), *r.state);
+}
+
+Status ModelBackend::prefill(Request& r, std::span<const int32_t> ids) {
+  return feed(model_, cache_, {r.state.get(), &r.cache_seq}, ids, &r.logits);
+}
+
+Status ModelBackend::decode(std::span<Request*> rs, int* failed) {
+  std::vector<SeqSlot> slots;
+  std::vector<int32_t> ids;
+  for (Request* r : rs) {
+    slots.push_back({r->state.get(), &r->cache_seq});
+    ids.push_back(r->tokens.back());
+  }
+  std::vector<std::vector<float>> logits;
+  K3_RETURN_IF_ERROR(decode_batch(model_, cache_, slots, ids, &logits, failed));
+  for (size_t i = 0; i < rs.size(); ++i) rs[i]->logits = std::move(logits[i]);
+  return ok_status();
+}
+
+void ModelBackend::stop(Request& r, bool finished) {
+  if (cache_) cache_->release(r.cache_seq, finished);
+  r.state.reset();
+}
+
+void ModelBackend::end_step(std::span<Request*> running) {
+  if (!cache_) return;
+  std::vector<SeqCache*> seqs;
+  for (Request* r : running) seqs.push_back(&r->cache_seq);
+  cache_->end_step(seqs);
+}
+
+}  // namespace k3

@@ -33,3 +33,25 @@ Status decode_batch(Model& model, PrefixCache* cache, std::span<SeqSlot> seqs, s
                     std::vector<std::vector<float>>* last_logits, int* failed);
 
 }  // namespace k3
+
+#include "engine/scheduler.h"
+
+namespace k3 {
+
+// The scheduler's backend on a real Model, with the prefix cache (or none: cache = null).
+class ModelBackend : public StepBackend {
+ public:
+  ModelBackend(Model& model, PrefixCache* cache) : model_(model), cache_(cache) {}
+  int32_t n_vocab() const override { return model_.config().n_vocab; }
+  Result<int64_t> start(Request& r) override;
+  Status prefill(Request& r, std::span<const int32_t> ids) override;
+  Status decode(std::span<Request*> rs, int* failed) override;
+  void stop(Request& r, bool finished) override;
+  void end_step(std::span<Request*> running) override;
+
+ private:
+  Model& model_;
+  PrefixCache* cache_;
+};
+
+}  // namespace k3
