@@ -43,11 +43,13 @@ class Indexer(nn.Module):
     def forward(self, x, c_q):
         """-> index scores I [B,T,T] fp32 (-inf above the diagonal)."""
         B, T, _ = x.shape
-        qi = self.wq_b(c_q).float().reshape(B, T, self.ih, self.id)
-        ki = F.layer_norm(self.wk(x).float(), (self.id,), self.k_norm.weight.float(), self.k_norm.bias.float(), 1e-6)
+        qi = self.wq_b(c_q).float().reshape(B, T, self.ih, self.id)            # bf16-rounded under autocast
         w = self.weights_proj(x).float()                                      # [B,T,ih]
-        logits = torch.relu(torch.einsum("bthd,bsd->bhts", qi, ki))           # [B,ih,T,T]
-        idx = torch.einsum("bth,bhts->bts", w, logits) * (self.ih * self.id) ** -0.5
+        k_lin = self.wk(x).float()
+        with torch.autocast(device_type=x.device.type, enabled=False):        # scores in fp32 (§6)
+            ki = F.layer_norm(k_lin, (self.id,), self.k_norm.weight.float(), self.k_norm.bias.float(), 1e-6)
+            logits = torch.relu(torch.einsum("bthd,bsd->bhts", qi, ki))       # [B,ih,T,T]
+            idx = torch.einsum("bth,bhts->bts", w, logits) * (self.ih * self.id) ** -0.5
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         return idx.masked_fill(~causal, float("-inf"))
 
@@ -106,12 +108,14 @@ class MLA(nn.Module):
     def _sparse(self, x, c_q, q, k, v, scale):
         scores = self.indexer(x, c_q)                                              # [B,T,T] fp32
         keep = self.indexer.select(scores.detach())
-        logits = (q.float() @ k.float().transpose(-1, -2)) * scale                  # [B,nh,T,T]
-        p = torch.softmax(logits.masked_fill(~keep[:, None], float("-inf")), dim=-1)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            logits = (q.float() @ k.float().transpose(-1, -2)) * scale              # [B,nh,T,T] fp32
+            p = torch.softmax(logits.masked_fill(~keep[:, None], float("-inf")), dim=-1)
+            out = (p @ v.float()).to(v.dtype)
         with torch.no_grad():                                                       # dense target for the indexer
             causal = torch.ones_like(keep[0]).tril()
             target = torch.softmax(logits.detach().masked_fill(~causal, float("-inf")), -1).mean(1)
         log_i = torch.log_softmax(scores, dim=-1)
         kl = (target * (torch.log(target.clamp_min(1e-20)) - log_i.masked_fill(target == 0, 0.0))).sum(-1)
         self.aux_loss = kl.mean()
-        return (p @ v.float()).to(v.dtype)
+        return out

@@ -31,11 +31,12 @@ class ResQuery(nn.Module):
         nn.init.zeros_(self.proj.weight)                 # zero query: uniform mix over depth at the start
 
     def forward(self, blocks, p, eps):
-        V = torch.stack([b.float() for b in blocks] + [p.float()], dim=0)     # [n+1, B, T, D]
-        q = self.norm.weight.float() * self.proj.weight[0].float()
-        s = (V @ q) * torch.rsqrt(V.pow(2).mean(-1) + eps)
-        alpha = torch.softmax(s, dim=0)
-        return (alpha[..., None] * V).sum(0).to(p.dtype)
+        with torch.autocast(device_type=p.device.type, enabled=False):         # depth mixing in fp32 (§7)
+            V = torch.stack([b.float() for b in blocks] + [p.float()], dim=0)  # [n+1, B, T, D]
+            q = self.norm.weight.float() * self.proj.weight[0].float()
+            s = (V @ q) * torch.rsqrt(V.pow(2).mean(-1) + eps)
+            alpha = torch.softmax(s, dim=0)
+            return (alpha[..., None] * V).sum(0).to(p.dtype)
 
 
 class DecoderLayer(nn.Module):
