@@ -65,8 +65,8 @@ void short_conv(const Ctx& c, const float* w, int W, float* state, float* x, int
 
 }  // namespace
 
-void kda_forward(const Ctx& c, const ModelConfig& cfg, const KdaWeights& w, const KdaExec& ex, KdaState& st,
-                 const float* x, int64_t n_tok, float* out, int layer) {
+void kda_forward(const Ctx& c, const ModelConfig& cfg, const KdaWeights& w, const KdaExec& ex,
+                 std::span<const KdaSeq> seqs, const float* x, int64_t n_tok, float* out, int layer) {
   const int64_t H = cfg.kda.n_head, K = cfg.kda.d_head, HK = H * K;
   const int W = cfg.kda.conv_size;
   std::vector<float> q, k, v, bt, fa, g, ga, gate;
@@ -74,9 +74,12 @@ void kda_forward(const Ctx& c, const ModelConfig& cfg, const KdaWeights& w, cons
   linear(c, w.k_proj, x, n_tok, k);
   linear(c, w.v_proj, x, n_tok, v);
   const int64_t win = int64_t(W - 1) * HK;
-  short_conv(c, w.q_conv.data(), W, st.conv.data(), q.data(), n_tok, HK);
-  short_conv(c, w.k_conv.data(), W, st.conv.data() + win, k.data(), n_tok, HK);
-  short_conv(c, w.v_conv.data(), W, st.conv.data() + 2 * win, v.data(), n_tok, HK);
+  for (const KdaSeq& s : seqs) {
+    float* conv = s.st->conv.data();
+    short_conv(c, w.q_conv.data(), W, conv, q.data() + s.row0 * HK, s.n_tok, HK);
+    short_conv(c, w.k_conv.data(), W, conv + win, k.data() + s.row0 * HK, s.n_tok, HK);
+    short_conv(c, w.v_conv.data(), W, conv + 2 * win, v.data() + s.row0 * HK, s.n_tok, HK);
+  }
   l2norm_scaled(q.data(), n_tok * H, K, 1e-6f, 1.f / std::sqrt(float(K)));
   l2norm_scaled(k.data(), n_tok * H, K, 1e-6f, 1.f);
   c.cb("kda_q", layer, q.data(), int64_t(q.size()));
@@ -105,17 +108,20 @@ void kda_forward(const Ctx& c, const ModelConfig& cfg, const KdaWeights& w, cons
   c.cb("kda_g", layer, g.data(), int64_t(g.size()));
 
   std::vector<float> o(size_t(n_tok * HK));
-  KdaParams p;
-  p.n_tok = n_tok;
-  p.n_head = int(H);
-  p.d_k = p.d_v = int(K);
-  p.q = q.data(), p.k = k.data(), p.v = v.data(), p.g = g.data(), p.beta = bt.data();
-  p.S = st.S.data();
-  p.o = o.data();
-  p.chunk = ex.chunk;
-  if (ex.reference) kda_ref(p);
-  else if (ex.recurrent) kda_recurrent_cpu(p, c.pool);
-  else kda_chunk_cpu(p, c.pool);
+  for (const KdaSeq& s : seqs) {
+    KdaParams p;
+    p.n_tok = s.n_tok;
+    p.n_head = int(H);
+    p.d_k = p.d_v = int(K);
+    const size_t r = size_t(s.row0);
+    p.q = &q[r * HK], p.k = &k[r * HK], p.v = &v[r * HK], p.g = &g[r * HK], p.beta = &bt[r * H];
+    p.S = s.st->S.data();
+    p.o = &o[r * HK];
+    p.chunk = ex.chunk;
+    if (ex.reference) kda_ref(p);
+    else if (ex.recurrent || s.n_tok == 1) kda_recurrent_cpu(p, c.pool);
+    else kda_chunk_cpu(p, c.pool);
+  }
   c.rnd(o.data(), int64_t(o.size()));
   c.cb("kda_o", layer, o.data(), int64_t(o.size()));
 

@@ -12,6 +12,7 @@
 //   out = o_proj concat_h y_h
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "k3/config.h"
@@ -39,15 +40,22 @@ struct KdaState {
 };
 
 struct KdaExec {
-  bool recurrent = false;  // token by token (decode); else chunkwise
+  bool recurrent = false;  // force token by token; otherwise chunkwise, recurrent for 1-token sequences
   int chunk = 64;
   bool reference = false;  // fp64 reference recurrence (tests)
 };
 
+// One sequence of a batch: rows [row0, row0 + n_tok) of x / out, continuing from *st.
+struct KdaSeq {
+  KdaState* st = nullptr;
+  int64_t row0 = 0, n_tok = 0;
+};
+
 Status bind_kda(Binder& b, const ModelConfig& cfg, KdaWeights* w);
 void init_kda_state(const ModelConfig& cfg, KdaState* s);
-// x: [n_tok, D] attention input; out: [n_tok, D].
-void kda_forward(const Ctx& c, const ModelConfig& cfg, const KdaWeights& w, const KdaExec& ex, KdaState& st,
-                 const float* x, int64_t n_tok, float* out, int layer);
+// x: [n_rows, D] attention input of every sequence in `seqs` (rows in order); out: [n_rows, D].
+// Projections run once over all rows; the conv and the recurrence run per sequence on its own state.
+void kda_forward(const Ctx& c, const ModelConfig& cfg, const KdaWeights& w, const KdaExec& ex,
+                 std::span<const KdaSeq> seqs, const float* x, int64_t n_rows, float* out, int layer);
 
 }  // namespace k3

@@ -35,11 +35,37 @@ Status bind_mla(Binder& b, const ModelConfig& cfg, bool dsa, MlaWeights* w) {
   return b.status();
 }
 
-void mla_forward(const Ctx& c, const ModelConfig& cfg, const MlaWeights& w, bool absorbed, MlaState& st,
-                 int64_t n_past, const float* x, int64_t n_tok, float* out, int layer) {
+namespace {
+
+// Unabsorbed attention of one sequence: every cached row is expanded, [k_nope_h | v_h] = kv_b_proj c_s and
+// k_h = [k_nope_h | r_s]; q: [n_tok, nh, d_qk] -> z: [n_tok, nh, d_v].
+void attend_unabsorbed(const Ctx& c, const MlaConfig& m, const MlaWeights& w, const MlaState& st, AttentionParams p,
+                       const float* q, float* z) {
+  const int64_t nh = m.n_head, dqk = m.d_qk(), R = m.kv_lora_rank, dl = m.d_latent(), n_ctx = p.n_kv;
+  const int64_t wkv = m.d_nope + m.d_v;
+  std::vector<float> lat(size_t(n_ctx * R)), kvb, K(size_t(n_ctx * nh * dqk));
+  for (int64_t s = 0; s < n_ctx; ++s) std::copy_n(&st.latent[size_t(s * dl)], R, &lat[size_t(s * R)]);
+  linear(c, w.kv_b_proj, lat.data(), n_ctx, kvb);  // [n_ctx, nh * wkv]
+  for (int64_t s = 0; s < n_ctx; ++s)
+    for (int64_t h = 0; h < nh; ++h) {
+      float* k = &K[size_t((s * nh + h) * dqk)];
+      std::copy_n(&kvb[size_t(s * nh * wkv + h * wkv)], m.d_nope, k);
+      std::copy_n(&st.latent[size_t(s * dl + R)], m.d_rope, k + m.d_nope);
+    }
+  p.d_qk = int(dqk), p.d_v = m.d_v;
+  p.q = q, p.q_tok_stride = nh * dqk, p.q_head_stride = dqk;
+  p.k = K.data(), p.k_tok_stride = nh * dqk, p.k_head_stride = dqk;
+  p.v = kvb.data() + m.d_nope, p.v_tok_stride = nh * wkv, p.v_head_stride = wkv;
+  p.out = z;
+  attention_cpu(p, c.pool);
+}
+
+}  // namespace
+
+void mla_forward(const Ctx& c, const ModelConfig& cfg, const MlaWeights& w, std::span<const MlaSeq> seqs,
+                 const float* x, int64_t n_tok, float* out, int layer) {
   const MlaConfig& m = cfg.mla;
-  const int64_t nh = m.n_head, dqk = m.d_qk(), R = m.kv_lora_rank, dl = m.d_latent();
-  const int64_t n_ctx = n_past + n_tok;
+  const int64_t nh = m.n_head, dqk = m.d_qk(), R = m.kv_lora_rank, dl = m.d_latent(), wkv = m.d_nope + m.d_v;
   std::vector<float> q, cq, kv;
   if (m.q_lora_rank > 0) {
     linear(c, w.q_a_proj, x, n_tok, cq);
@@ -51,70 +77,72 @@ void mla_forward(const Ctx& c, const ModelConfig& cfg, const MlaWeights& w, bool
   linear(c, w.kv_a_proj_with_mqa, x, n_tok, kv);  // [n_tok, R + d_rope]
   for (int64_t t = 0; t < n_tok; ++t)
     rms_norm(c, &kv[size_t(t * dl)], w.kv_a_layernorm.data(), 1e-6f, 1, R, &kv[size_t(t * dl)]);
-  st.latent.insert(st.latent.end(), kv.begin(), kv.end());
   c.cb("mla_q", layer, q.data(), int64_t(q.size()));
   c.cb("mla_latent", layer, kv.data(), int64_t(kv.size()));
 
-  std::vector<int32_t> sel;
-  bool sparse = false;
-  if (w.has_dsa) sparse = dsa_select(c, cfg, w.dsa, cq.data(), x, n_past, n_tok, st.index_k, &sel, layer);
-
-  AttentionParams p;
-  p.n_q = n_tok;
-  p.n_kv = n_ctx;
-  p.n_head = int(nh);
-  p.q_pos0 = n_past;
-  p.sel = sparse ? sel.data() : nullptr;
-  p.n_sel = sparse ? cfg.dsa.topk : 0;
-  p.scale = 1.f / std::sqrt(float(dqk));
-  std::vector<float> z(size_t(n_tok * nh * m.d_v));
-  if (!absorbed) {
-    // Expand every cached row: [k_nope_h | v_h] = kv_b_proj c_s; k_h = [k_nope_h | r_s].
-    std::vector<float> lat(size_t(n_ctx * R)), kvb, K(size_t(n_ctx * nh * dqk));
-    for (int64_t s = 0; s < n_ctx; ++s)
-      std::copy_n(&st.latent[size_t(s * dl)], R, &lat[size_t(s * R)]);
-    linear(c, w.kv_b_proj, lat.data(), n_ctx, kvb);  // [n_ctx, nh * (d_nope + d_v)]
-    const int64_t wkv = m.d_nope + m.d_v;
-    for (int64_t s = 0; s < n_ctx; ++s)
-      for (int64_t h = 0; h < nh; ++h) {
-        float* k = &K[size_t((s * nh + h) * dqk)];
-        std::copy_n(&kvb[size_t(s * nh * wkv + h * wkv)], m.d_nope, k);
-        std::copy_n(&st.latent[size_t(s * dl + R)], m.d_rope, k + m.d_nope);
-      }
-    p.d_qk = int(dqk), p.d_v = m.d_v;
-    p.q = q.data(), p.q_tok_stride = nh * dqk, p.q_head_stride = dqk;
-    p.k = K.data(), p.k_tok_stride = nh * dqk, p.k_head_stride = dqk;
-    p.v = kvb.data() + m.d_nope, p.v_tok_stride = nh * wkv, p.v_head_stride = wkv;
-    p.out = z.data();
-    attention_cpu(p, c.pool);
-  } else {
-    // q^_h = [W_UK_h^T q_nope_h | q_r_h]; MQA over the latent rows; z_h = W_UV_h z^_h.
-    const int64_t wkv = m.d_nope + m.d_v;
-    std::vector<float> qh(size_t(n_tok * nh * dl), 0.f), zh(size_t(n_tok * nh * R)), Wuk(size_t(m.d_nope * R));
+  // Absorbed rows, gathered: q^_h = [W_UK_h^T q_nope_h | q_r_h]  [n_abs, nh, dl]
+  std::vector<int64_t> abs_rows;
+  for (const MlaSeq& s : seqs)
+    if (s.absorbed)
+      for (int64_t t = 0; t < s.n_tok; ++t) abs_rows.push_back(s.row0 + t);
+  const int64_t n_abs = int64_t(abs_rows.size());
+  std::vector<float> qh(size_t(n_abs * nh * dl), 0.f), zh(size_t(n_abs * nh * R));
+  if (n_abs > 0) {
+    std::vector<float> Wuk(size_t(m.d_nope * R));
     for (int64_t h = 0; h < nh; ++h) {
       read_f32(*w.kv_b, h * wkv * R, m.d_nope * R, Wuk.data());  // rows [h*wkv, h*wkv + d_nope)
-      for (int64_t t = 0; t < n_tok; ++t) {
-        const float* qn = &q[size_t((t * nh + h) * dqk)];
-        float* qa = &qh[size_t((t * nh + h) * dl)];
-        for (int64_t i = 0; i < m.d_nope; ++i)
-          for (int64_t j = 0; j < R; ++j) qa[j] += qn[i] * Wuk[size_t(i * R + j)];
+      for (int64_t i = 0; i < n_abs; ++i) {
+        const float* qn = &q[size_t((abs_rows[size_t(i)] * nh + h) * dqk)];
+        float* qa = &qh[size_t((i * nh + h) * dl)];
+        for (int64_t a = 0; a < m.d_nope; ++a)
+          for (int64_t j = 0; j < R; ++j) qa[j] += qn[a] * Wuk[size_t(a * R + j)];
         std::copy_n(qn + m.d_nope, m.d_rope, qa + R);
       }
     }
+  }
+
+  std::vector<float> z(size_t(n_tok * nh * m.d_v));
+  int64_t abs_i = 0;
+  for (const MlaSeq& s : seqs) {
+    MlaState& st = *s.st;
+    const size_t r0 = size_t(s.row0);
+    st.latent.insert(st.latent.end(), kv.begin() + long(r0 * dl), kv.begin() + long((r0 + s.n_tok) * dl));
+    std::vector<int32_t> sel;
+    bool sparse = false;
+    if (w.has_dsa)
+      sparse = dsa_select(c, cfg, w.dsa, &cq[r0 * size_t(m.q_lora_rank)], x + s.row0 * cfg.d_model, s.n_past,
+                          s.n_tok, st.index_k, &sel, layer);
+    AttentionParams p;
+    p.n_q = s.n_tok;
+    p.n_kv = s.n_past + s.n_tok;
+    p.n_head = int(nh);
+    p.q_pos0 = s.n_past;
+    p.sel = sparse ? sel.data() : nullptr;
+    p.n_sel = sparse ? cfg.dsa.topk : 0;
+    p.scale = 1.f / std::sqrt(float(dqk));
+    if (!s.absorbed) {
+      attend_unabsorbed(c, m, w, st, p, &q[r0 * size_t(nh * dqk)], &z[r0 * size_t(nh * m.d_v)]);
+      continue;
+    }
+    // MQA over the latent rows: k = [c | r], v = c.
     p.d_qk = int(dl), p.d_v = int(R);
-    p.q = qh.data(), p.q_tok_stride = nh * dl, p.q_head_stride = dl;
+    p.q = &qh[size_t(abs_i * nh * dl)], p.q_tok_stride = nh * dl, p.q_head_stride = dl;
     p.k = st.latent.data(), p.k_tok_stride = dl, p.k_head_stride = 0;
     p.v = st.latent.data(), p.v_tok_stride = dl, p.v_head_stride = 0;
-    p.out = zh.data();
+    p.out = &zh[size_t(abs_i * nh * R)];
     attention_cpu(p, c.pool);
-    std::vector<float> xin(size_t(n_tok * R)), zo(size_t(n_tok * m.d_v));
+    abs_i += s.n_tok;
+  }
+  if (n_abs > 0) {  // z_h = W_UV_h z^_h over all absorbed rows at once
+    std::vector<float> xin(size_t(n_abs * R)), zo(size_t(n_abs * m.d_v));
     for (int64_t h = 0; h < nh; ++h) {
       LinearWeight Wuv = w.kv_b_proj;  // rows [h*wkv + d_nope, (h+1)*wkv)
       Wuv.out = m.d_v;
       Wuv.w = static_cast<const char*>(w.kv_b_proj.w) + size_t((h * wkv + m.d_nope) * R) * dtype_size(Wuv.dtype);
-      for (int64_t t = 0; t < n_tok; ++t) std::copy_n(&zh[size_t((t * nh + h) * R)], R, &xin[size_t(t * R)]);
-      linear_into(c, Wuv, xin.data(), n_tok, zo.data(), /*round=*/false, /*x_exact=*/true);
-      for (int64_t t = 0; t < n_tok; ++t) std::copy_n(&zo[size_t(t * m.d_v)], m.d_v, &z[size_t((t * nh + h) * m.d_v)]);
+      for (int64_t i = 0; i < n_abs; ++i) std::copy_n(&zh[size_t((i * nh + h) * R)], R, &xin[size_t(i * R)]);
+      linear_into(c, Wuv, xin.data(), n_abs, zo.data(), /*round=*/false, /*x_exact=*/true);
+      for (int64_t i = 0; i < n_abs; ++i)
+        std::copy_n(&zo[size_t(i * m.d_v)], m.d_v, &z[size_t((abs_rows[size_t(i)] * nh + h) * m.d_v)]);
     }
   }
   c.rnd(z.data(), int64_t(z.size()));

@@ -9,6 +9,7 @@
 // The two paths are equal in real arithmetic. S_t: causal, or the DSA selection (dsa.h).
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "k3/config.h"
@@ -38,9 +39,17 @@ struct MlaState {
   std::vector<float> index_k;  // [n_past, dsa d_head] (DSA layers)
 };
 
+// One sequence of a batch: rows [row0, row0 + n_tok) of x / out at positions n_past.., appended to *st.
+struct MlaSeq {
+  MlaState* st = nullptr;
+  int64_t row0 = 0, n_tok = 0, n_past = 0;
+  bool absorbed = false;  // attention path of this sequence
+};
+
 Status bind_mla(Binder& b, const ModelConfig& cfg, bool dsa, MlaWeights* w);
-// x: [n_tok, D] attention input at positions n_past..n_past+n_tok-1; appends to st; out: [n_tok, D].
-void mla_forward(const Ctx& c, const ModelConfig& cfg, const MlaWeights& w, bool absorbed, MlaState& st,
-                 int64_t n_past, const float* x, int64_t n_tok, float* out, int layer);
+// x: [n_rows, D] attention input of every sequence in `seqs`; out: [n_rows, D]. Projections (and the
+// absorbed path's W_UK / W_UV products) run once over all rows; attention runs per sequence.
+void mla_forward(const Ctx& c, const ModelConfig& cfg, const MlaWeights& w, std::span<const MlaSeq> seqs,
+                 const float* x, int64_t n_rows, float* out, int layer);
 
 }  // namespace k3

@@ -25,28 +25,18 @@ Result<std::unique_ptr<Model>> Model::load(const Checkpoint& ckpt, const ModelOp
 
 std::unique_ptr<SeqState> Model::new_state() const { return std::make_unique<SeqState>(cfg_); }
 
-Status Model::forward(SeqState& state, const int32_t* tokens, int64_t n_tok, std::vector<float>* logits,
-                      bool all_logits) {
-  const int64_t D = cfg_.d_model, V = cfg_.n_vocab;
-  for (int64_t t = 0; t < n_tok; ++t)
-    if (tokens[t] < 0 || tokens[t] >= V)
-      return error(Code::invalid_argument, "token id " + std::to_string(tokens[t]) + " at position " +
-                                               std::to_string(t) + " is outside [0, " + std::to_string(V) + ")");
-  if (n_tok <= 0) {
-    if (logits) logits->clear();
-    return ok_status();
-  }
+Status Model::run(std::span<SeqState* const> states, const int32_t* tokens, std::span<const int64_t> row0,
+                  std::span<const int64_t> out_rows, float* logits) {
+  const int64_t D = cfg_.d_model, V = cfg_.n_vocab, n_seq = int64_t(states.size()), n_tok = row0.back();
   Status guard;
   Ctx c;
   c.prec = opt_.precision;
   c.pool = pool_.get();
   c.trace = &opt_.trace;
   c.guard = &guard;
-  const bool absorbed = opt_.mla == MlaPath::absorbed || (opt_.mla == MlaPath::auto_ && n_tok == 1);
   KdaExec kx;
-  kx.recurrent = opt_.kda_recurrent || n_tok == 1;
+  kx.recurrent = opt_.kda_recurrent;
   kx.chunk = opt_.kda_chunk;
-  const int64_t n_past = state.n_past_;
   const float eps = cfg_.rms_norm_eps;
 
   // x0 = embed_tokens[id] (bf16 values are exact in fp32)
@@ -54,6 +44,8 @@ Status Model::forward(SeqState& state, const int32_t* tokens, int64_t n_tok, std
   for (int64_t t = 0; t < n_tok; ++t) read_f32(*w_->embed, int64_t(tokens[t]) * D, D, &p[size_t(t * D)]);
   c.cb("embd", -1, p.data(), int64_t(p.size()));
 
+  std::vector<KdaSeq> kseq(static_cast<size_t>(n_seq));
+  std::vector<MlaSeq> mseq(static_cast<size_t>(n_seq));
   std::vector<std::vector<float>> B;  // AttnRes: finished block sums (bf16), [n_tok, D] each
   auto mix = [&](const std::vector<float>& q, float* out) {
     std::vector<const float*> src;
@@ -71,10 +63,14 @@ Status Model::forward(SeqState& state, const int32_t* tokens, int64_t n_tok, std
     if (fresh) B.push_back(p);
     rms_norm(c, a.data(), lw.input_layernorm.data(), eps, n_tok, D, h.data());
     c.cb("attn_norm", l, h.data(), int64_t(h.size()));
-    if (lw.kind == AttnKind::kda)
-      kda_forward(c, cfg_, lw.kda, kx, state.kda[size_t(l)], h.data(), n_tok, o.data(), l);
-    else
-      mla_forward(c, cfg_, lw.mla, absorbed, state.mla[size_t(l)], n_past, h.data(), n_tok, o.data(), l);
+    for (int64_t i = 0; i < n_seq; ++i) {
+      const int64_t r = row0[size_t(i)], n = row0[size_t(i) + 1] - r;
+      kseq[size_t(i)] = {&states[size_t(i)]->kda[size_t(l)], r, n};
+      const bool absorbed = opt_.mla == MlaPath::absorbed || (opt_.mla == MlaPath::auto_ && n == 1);
+      mseq[size_t(i)] = {&states[size_t(i)]->mla[size_t(l)], r, n, states[size_t(i)]->n_past_, absorbed};
+    }
+    if (lw.kind == AttnKind::kda) kda_forward(c, cfg_, lw.kda, kx, kseq, h.data(), n_tok, o.data(), l);
+    else mla_forward(c, cfg_, lw.mla, mseq, h.data(), n_tok, o.data(), l);
     c.cb("attn_out", l, o.data(), int64_t(o.size()));
     if (fresh) {
       p = o;
@@ -97,19 +93,45 @@ Status Model::forward(SeqState& state, const int32_t* tokens, int64_t n_tok, std
   }
   if (ar) mix(w_->q_out_res, a.data());
   else a = p;
-  state.n_past_ = n_past + n_tok;
+  for (int64_t i = 0; i < n_seq; ++i) states[size_t(i)]->n_past_ += row0[size_t(i) + 1] - row0[size_t(i)];
 
-  // logits = lm_head RMSNorm(h; model.norm), fp32 output
-  const int64_t n_out = all_logits ? n_tok : 1;
-  const float* rows = a.data() + (n_tok - n_out) * D;
-  rms_norm(c, rows, w_->norm.data(), eps, n_out, D, h.data());
+  // logits = lm_head RMSNorm(h; model.norm), fp32 output, only for the requested rows
+  const int64_t n_out = int64_t(out_rows.size());
+  for (int64_t i = 0; i < n_out; ++i) std::copy_n(&a[size_t(out_rows[size_t(i)] * D)], D, &o[size_t(i * D)]);
+  rms_norm(c, o.data(), w_->norm.data(), eps, n_out, D, h.data());
   c.cb("result_norm", cfg_.n_layer, h.data(), n_out * D);
   if (logits) {
-    logits->resize(size_t(n_out * V));
-    linear_into(c, w_->lm_head, h.data(), n_out, logits->data(), /*round=*/false);
-    c.cb("result_output", cfg_.n_layer, logits->data(), n_out * V);
+    linear_into(c, w_->lm_head, h.data(), n_out, logits, /*round=*/false);
+    c.cb("result_output", cfg_.n_layer, logits, n_out * V);
   }
   return guard;
+}
+
+namespace {
+
+Status check_tokens(const int32_t* tokens, int64_t n, int64_t n_vocab) {
+  for (int64_t t = 0; t < n; ++t)
+    if (tokens[t] < 0 || tokens[t] >= n_vocab)
+      return error(Code::invalid_argument, "token id " + std::to_string(tokens[t]) + " at position " +
+                                               std::to_string(t) + " is outside [0, " + std::to_string(n_vocab) + ")");
+  return ok_status();
+}
+
+}  // namespace
+
+Status Model::forward(SeqState& state, const int32_t* tokens, int64_t n_tok, std::vector<float>* logits,
+                      bool all_logits) {
+  K3_RETURN_IF_ERROR(check_tokens(tokens, n_tok, cfg_.n_vocab));
+  if (n_tok <= 0) {
+    if (logits) logits->clear();
+    return ok_status();
+  }
+  SeqState* states[1] = {&state};
+  const int64_t row0[2] = {0, n_tok};
+  std::vector<int64_t> out_rows;
+  for (int64_t t = all_logits ? 0 : n_tok - 1; t < n_tok; ++t) out_rows.push_back(t);
+  if (logits) logits->resize(out_rows.size() * size_t(cfg_.n_vocab));
+  return run(states, tokens, row0, out_rows, logits ? logits->data() : nullptr);
 }
 
 Status Model::forward_batch(std::span<SeqState*> states, std::span<const std::span<const int32_t>> tokens,
@@ -117,11 +139,31 @@ Status Model::forward_batch(std::span<SeqState*> states, std::span<const std::sp
   if (states.size() != tokens.size())
     return error(Code::invalid_argument, "forward_batch: " + std::to_string(states.size()) + " states but " +
                                              std::to_string(tokens.size()) + " token spans");
-  if (last_logits) last_logits->assign(states.size(), {});
+  std::vector<int32_t> all;
+  std::vector<int64_t> row0 = {0}, out_rows;
+  std::vector<SeqState*> live;
   for (size_t i = 0; i < states.size(); ++i) {
-    Status s = forward(*states[i], tokens[i].data(), int64_t(tokens[i].size()),
-                       last_logits ? &(*last_logits)[i] : nullptr, false);
+    Status s = check_tokens(tokens[i].data(), int64_t(tokens[i].size()), cfg_.n_vocab);
     if (!s.ok()) return s.with_context("sequence " + std::to_string(i));
+    for (size_t j = 0; j < i; ++j)
+      if (states[j] == states[i] && !tokens[i].empty())
+        return error(Code::invalid_argument, "forward_batch: one state appears twice");
+    if (tokens[i].empty()) continue;
+    all.insert(all.end(), tokens[i].begin(), tokens[i].end());
+    live.push_back(states[i]);
+    row0.push_back(int64_t(all.size()));
+    out_rows.push_back(int64_t(all.size()) - 1);
+  }
+  const int64_t V = cfg_.n_vocab;
+  std::vector<float> logits(out_rows.size() * size_t(V));
+  if (!live.empty()) K3_RETURN_IF_ERROR(run(live, all.data(), row0, out_rows, logits.data()));
+  if (last_logits) {
+    last_logits->assign(states.size(), {});
+    for (size_t i = 0, k = 0; i < states.size(); ++i) {
+      if (tokens[i].empty()) continue;
+      (*last_logits)[i].assign(logits.begin() + long(k * V), logits.begin() + long((k + 1) * V));
+      ++k;
+    }
   }
   return ok_status();
 }

@@ -64,6 +64,10 @@ class Model {
 
  private:
   Model(const Checkpoint& ckpt, const ModelOptions& opt);
+  // The batched layer loop: sequence i owns rows [row0[i], row0[i+1]) of `tokens`. Writes logits of the
+  // rows listed in `out_rows` (ascending) into logits [out_rows.size(), n_vocab].
+  Status run(std::span<SeqState* const> states, const int32_t* tokens, std::span<const int64_t> row0,
+             std::span<const int64_t> out_rows, float* logits);
   const ModelConfig& cfg_;
   ModelOptions opt_;
   std::unique_ptr<ModelWeights> w_;

@@ -154,6 +154,26 @@ TEST_P(ModelPaths, BatchEqualsAlone) {
   }
 }
 
+TEST_P(ModelPaths, BatchSkipsEmptySpansAndRejectsBadTokens) {
+  auto ck = open_tiny(GetParam());
+  ASSERT_TRUE(ck);
+  auto m = load(*ck);
+  ASSERT_TRUE(m);
+  auto a = m->new_state(), b = m->new_state();
+  std::vector<SeqState*> states = {a.get(), b.get()};
+  std::vector<int32_t> ta = {3, 4, 5}, tb;
+  std::vector<std::span<const int32_t>> spans = {ta, tb};
+  std::vector<std::vector<float>> out;
+  ASSERT_TRUE(m->forward_batch(states, spans, &out).ok());
+  EXPECT_EQ(out[0].size(), size_t(m->config().n_vocab));
+  EXPECT_TRUE(out[1].empty());
+  EXPECT_EQ(b->n_past(), 0);
+  std::vector<int32_t> bad = {1, -7};
+  spans = {ta, bad};
+  EXPECT_FALSE(m->forward_batch(states, spans, &out).ok());
+  EXPECT_EQ(a->n_past(), 3);  // nothing ran
+}
+
 TEST_P(ModelPaths, BadTokenIsAStatus) {
   auto ck = open_tiny(GetParam());
   ASSERT_TRUE(ck);
