@@ -41,7 +41,11 @@ __attribute__((target("avx512f"))) uint64_t sum_lines_avx512(const uint64_t* p, 
   }
   for (; i < n_lines; ++i, p += 8) a0 = _mm512_add_epi64(a0, _mm512_load_si512(p));
   a0 = _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3));
-  return uint64_t(_mm512_reduce_add_epi64(a0));
+  alignas(64) uint64_t lanes[8];  // unsigned sum (the reduce intrinsic adds signed: overflow is UB)
+  _mm512_store_si512(lanes, a0);
+  uint64_t s = 0;
+  for (uint64_t v : lanes) s += v;
+  return s;
 }
 
 int64_t available_memory_bytes() {
