@@ -5,6 +5,7 @@
 # Inputs (carried, git-ignored): .carry/data/{train,val}.npy + meta.json (training/tokenize_corpus.py) and
 # .carry/tokenizer/{tiktoken.model,tokenizer_config.json} (tools/train_bpe.py). If .carry/data is absent but
 # .carry/corpus/*.jsonl was carried instead, it tokenizes first (tiktoken + regex are on the device image).
+# Paths: DATA, TOK, CORPUS (defaults .carry/data, .carry/tokenizer, .carry/corpus).
 # Environment knobs: MINUTES (training budget, default 7.5 so the whole call fits the 10-minute command
 # limit), DSA=1 (K3.1 variant), BATCH (default 32), SEQ (1024), LR (3e-3), EXTRA (more train.py flags).
 # $OUT gets: model/config.json, model/model.safetensors.index.json, model/model-0000i-of-0000n.safetensors
@@ -17,8 +18,9 @@ MINUTES=${MINUTES:-7.5}
 BATCH=${BATCH:-32}
 SEQ=${SEQ:-1024}
 LR=${LR:-3e-3}
-DATA=.carry/data
-TOK=.carry/tokenizer
+DATA=${DATA:-.carry/data}
+TOK=${TOK:-.carry/tokenizer}
+CORPUS=${CORPUS:-.carry/corpus}
 PY=${PYTHON:-python3}
 
 $PY - <<'EOF'
@@ -27,8 +29,8 @@ print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
 EOF
 if [ ! -f "$DATA/train.npy" ]; then
-  echo "== tokenizing .carry/corpus"
-  $PY training/tokenize_corpus.py --corpus .carry/corpus --tokenizer "$TOK" --out "$DATA"
+  echo "== tokenizing $CORPUS"
+  $PY training/tokenize_corpus.py --corpus "$CORPUS" --tokenizer "$TOK" --out "$DATA"
 fi
 mkdir -p "$OUT"
 flags=(--data "$DATA" --tokenizer "$TOK" --out "$OUT" --minutes "$MINUTES" --batch "$BATCH" --seq "$SEQ" --lr "$LR")
