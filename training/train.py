@@ -8,6 +8,9 @@ per-head Muon for matrices + AdamW for the rest (optim.py), one lr; after each s
 Balancing bias update of every MoE layer.
 Schedule over the budget fraction f = elapsed / budget: linear warmup (first `warmup` steps), constant,
 then linear decay from f = 0.6 to lr * 0.1 at f = 1 (warmup-stable-decay). MXFP4 QAT for f >= 1 - qat_frac.
+Early decay: when the quick held-out perplexity (16 windows, every `eval_every` steps) is more than 1% above
+its best twice in a row (overfitting the ~5.5 M-token corpus), the budget shrinks so that f = 0.75 now:
+the run enters its decay and QAT phases at once and ends early.
 End: weights rounded to bf16 (what the checkpoint stores), held-out perplexity over the first `eval_windows`
 non-overlapping T-token windows of val.npy (predicting tokens 1..T of each window from its own prefix),
 samples, export to OUT/model (export.py), OUT/summary.json.
@@ -145,6 +148,8 @@ def main(argv=None):
     ap.add_argument("--qb-damping", type=float, default=0.5)
     ap.add_argument("--eval-windows", type=int, default=128)
     ap.add_argument("--sample-tokens", type=int, default=60)
+    ap.add_argument("--no-early-decay", dest="early_decay", action="store_false",
+                    help="keep the schedule even when the quick held-out check worsens twice in a row")
     ap.add_argument("--eval-text-windows", type=int, default=0, help="limit val_eval.txt windows (0 = all)")
     ap.add_argument("--dsa", action="store_true", help="K3.1 variant: Gated DSA indexers on the MLA layers")
     ap.add_argument("--tiny", action="store_true", help="toy widths for CPU smoke tests")
@@ -176,6 +181,7 @@ def main(argv=None):
     data = batches(train, args.batch, args.seq, rng, device)
     budget = args.minutes * 60.0
     t0, step, seen, qat, log = time.time(), 0, 0, False, []
+    best_val, worse = float("inf"), 0
     while True:
         frac = (time.time() - t0) / budget
         if frac >= 1.0 or (args.max_steps and step >= args.max_steps):
@@ -204,8 +210,15 @@ def main(argv=None):
         seen += x.numel()
         if args.eval_every and step % args.eval_every == 0:
             quick = evaluate(model, val, args.seq, 16, args.batch, device, amp)
-            log.append({"step": step, "val_ppl_16w": round(quick["ppl"], 3), "elapsed_s": round(time.time() - t0, 1)})
+            el = time.time() - t0
+            log.append({"step": step, "val_ppl_16w": round(quick["ppl"], 3), "elapsed_s": round(el, 1)})
             print(json.dumps(log[-1]), flush=True)
+            worse = worse + 1 if quick["ppl"] > best_val * 1.01 else 0
+            best_val = min(best_val, quick["ppl"])
+            if worse >= 2 and el / budget < 0.75 and args.early_decay:
+                budget = el / 0.75                  # overfitting: jump to the decay phase (and QAT) now
+                log.append({"step": step, "early_decay": True, "new_budget_s": round(budget, 1)})
+                print(json.dumps(log[-1]), flush=True)
         if step % args.log_every == 0 or step == 1:
             loads = torch.stack([m.load for m in model.moe_layers()])
             imb = float((loads.max(-1).values / loads.mean(-1)).mean())
