@@ -5,8 +5,9 @@
 //   partial = sum_{i in chunk} x[t, i] * w[o, i];  acc += partial (MXFP4: acc += partial * 2^(e-127))
 //
 // Threads split the output rows in whole row tiles; tokens are blocked (linear_kernels.h). The bf16 path
-// (Precision::bf16 input on a CPU with AVX512_BF16) first copies x to bf16 in a scratch buffer that only
-// grows (no allocation per call once warm).
+// (bf16 weights, Precision::bf16 input, a CPU with AVX512_BF16) first copies x to bf16 in a thread-local
+// scratch buffer that only grows (no allocation per call once warm). Subnormal fp32/bf16 weights are
+// exact but slow on the fp32 path (FMA assists); checkpoints have almost none.
 #include <cstring>
 #include <vector>
 
@@ -99,7 +100,7 @@ struct PortableTile {
     float w[RB][kChunk];
     for (int64_t c = 0; c < W.in; c += kChunk) {
       const int n = int(std::min<int64_t>(kChunk, W.in - c));
-      float scale[RB];
+      float scale[RB] = {};
       for (int r = 0; r < RB; ++r) {
         decode_unscaled(W, r0 + r, c, n, w[r]);
         if (W.is_mxfp4()) {
@@ -160,7 +161,7 @@ void linear_cpu(const LinearWeight& W, const LinearParams& p, ThreadPool* pool) 
   const CpuLevel level = cpu_level();
   void (*rows)(const Job&, int64_t, int64_t) = rows_portable;
   if (level >= CpuLevel::avx512) rows = rows_avx512;
-  const bool bf16_dot = (W.dtype == DType::bf16 || W.is_mxfp4()) && p.x_precision == Precision::bf16;
+  const bool bf16_dot = W.dtype == DType::bf16 && !W.is_mxfp4() && p.x_precision == Precision::bf16;
   if (level >= CpuLevel::avx512_bf16 && bf16_dot) {
     // x is bf16-rounded, so the bf16 copy is exact. Padded to 32 columns with zeros.
     thread_local std::vector<uint16_t> scratch;
