@@ -179,3 +179,30 @@ def test_chat_drops_a_turn_that_overflows_the_context(k3_bin, root):
     model = root / "models" / "tiny-k3"
     r = k3(k3_bin, "chat", "-m", model, "--temp", 0, "-n", 4, "-c", 16, input=("word " * 100 + "\n").encode())
     assert b"turn dropped" in r.stderr
+
+
+def test_bench_decode_bytes_follow_the_checkpoint(k3_bin, root):
+    """bytes/step at batch 1 = dense weights + k/n of the routed experts + one embedding row + state."""
+    import struct
+    model = root / "models" / "tiny-k3"
+    cfg = json.loads((model / "config.json").read_text())["text_config"]
+    dense = experts = embed_row = 0
+    for f in sorted(model.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            header = json.loads(fh.read(n))
+        for name, t in header.items():
+            if name == "__metadata__" or name.startswith(("vision_tower.", "mm_projector.")):
+                continue
+            size = t["data_offsets"][1] - t["data_offsets"][0]
+            if name.endswith("embed_tokens.weight"):
+                embed_row = size // t["shape"][0]
+            elif ".block_sparse_moe.experts." in name:
+                experts += size
+            else:
+                dense += size
+    want = dense + experts * cfg["num_experts_per_token"] / cfg["num_experts"] + embed_row
+    r = k3(k3_bin, "bench", "-m", model, "-p", 4, "-n", 2, "-b", 1, "-r", 1, "--bw-mb", 8)
+    row = [l for l in r.stdout.decode().splitlines() if l.startswith("| tg2")][0]
+    got = float(row.split("|")[5])
+    assert want < got < want * 1.05  # the state (KDA S, conv, 1-2 cached MLA rows) is small here
