@@ -3,7 +3,8 @@
 //
 // fp32 path (exact x): per 16 columns, decode W[r, i..i+16) to fp32 in a register (bf16: shift; f16:
 //   vcvtph2ps; fp8 e4m3: bits placed in an f16 then x 2^8; f32: load), then acc[r][t] += w * x[t].
-//   MXFP4: per 32-group, two vpermps lookups of the e2m1 magnitudes, partial = w0*x0 + w1*x1, then
+//   MXFP4: per 32-group, two vpermps lookups of the e2m1 magnitudes (even / odd columns), partial =
+//   w_even*x_even + w_odd*x_odd, then
 //   acc += partial * 2^(e-127) (the scale is applied once per group, exactly, so it cannot overflow early).
 // bf16 path (bf16 weights, x already bf16-rounded and copied to bf16 by linear_cpu): vdpbf16ps on 32
 //   columns at a time (exact products, fp32 sums; the instruction treats subnormals as zero).
@@ -116,29 +117,37 @@ struct Dense {
   };
 };
 
+// Per 32-group: byte k holds columns 2k (low nibble) and 2k+1 (high nibble). The 16 bytes widened to
+// dwords index vpermps directly (it reads only bits 3..0): z -> even columns, z >> 4 -> odd columns; x is
+// split into its even and odd columns to match (two shuffles per token, shared by the RB rows).
 template <int RB, int TB>
 struct Mxfp4Tile {
   static void run(const Job& j, int64_t r0, int64_t t0) {
     const LinearWeight& W = *j.W;
     const int64_t n_group = W.in / 32;
     const __m512 lut = e2m1_lut();
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     __m512 acc[RB][TB];
     for (int r = 0; r < RB; ++r)
       for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_setzero_ps();
     for (int64_t g = 0; g < n_group; ++g) {
-      __m512 x0[TB], x1[TB];
+      __m512 xe[TB], xo[TB];
       for (int t = 0; t < TB; ++t) {
-        x0[t] = _mm512_loadu_ps(j.x + (t0 + t) * j.ldx + 32 * g);
-        x1[t] = _mm512_loadu_ps(j.x + (t0 + t) * j.ldx + 32 * g + 16);
+        const __m512 x0 = _mm512_loadu_ps(j.x + (t0 + t) * j.ldx + 32 * g);
+        const __m512 x1 = _mm512_loadu_ps(j.x + (t0 + t) * j.ldx + 32 * g + 16);
+        xe[t] = _mm512_permutex2var_ps(x0, even, x1);
+        xo[t] = _mm512_permutex2var_ps(x0, odd, x1);
       }
       for (int r = 0; r < RB; ++r) {
-        __m128i lo, hi;
-        mxfp4_nibbles(static_cast<const uint8_t*>(W.w) + (r0 + r) * (W.in / 2) + 16 * g, &lo, &hi);
-        const __m512 w0 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(lo), lut);
-        const __m512 w1 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(hi), lut);
+        const __m128i b = _mm_loadu_si128(
+            reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(W.w) + (r0 + r) * (W.in / 2) + 16 * g));
+        const __m512i z = _mm512_cvtepu8_epi32(b);
+        const __m512 we = _mm512_permutexvar_ps(z, lut);
+        const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(z, 4), lut);
         const __m512 s = scale_of(W.scale + (r0 + r) * n_group + g);
         for (int t = 0; t < TB; ++t) {
-          const __m512 part = _mm512_fmadd_ps(w1, x1[t], _mm512_mul_ps(w0, x0[t]));
+          const __m512 part = _mm512_fmadd_ps(wo, xo[t], _mm512_mul_ps(we, xe[t]));
           acc[r][t] = _mm512_fmadd_ps(part, s, acc[r][t]);
         }
       }

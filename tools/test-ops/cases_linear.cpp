@@ -2,7 +2,9 @@
 //
 // Every weight dtype (f32, bf16, f16, fp8 e4m3, MXFP4) x input precision (fp32 exact, bf16-rounded x)
 // x odd shapes: n_tok in {1, 17, 33, 127, 989}, widths that are not multiples of 16/32 (MXFP4 keeps
-// in % 32 == 0), row strides ldx > in and ldy > out. Bound: NMSE <= 1e-9 against the fp64 reference.
+// in % 32 == 0), row strides ldx > in and ldy > out, and NaN / +inf in x. Bound: NMSE <= 1e-9 against the
+// fp64 reference.
+#include <cmath>
 #include <cstring>
 
 #include "core/dtype.h"
@@ -22,15 +24,16 @@ const char* wtype_name(WType t) {
 class LinearCase : public OpCase {
  public:
   LinearCase(WType wt, Precision prec, int64_t n_tok, int64_t in, int64_t out, int64_t pad_x, int64_t pad_y,
-             bool perf = false)
+             bool perf = false, bool specials = false)
       : wt_(wt), prec_(prec), n_tok_(n_tok), in_(in), out_(out), ldx_(in + pad_x), ldy_(out + pad_y),
-        perf_(perf) {}
+        perf_(perf), specials_(specials) {}
 
   std::string op() const override { return "linear"; }
   std::string shape() const override {
     return "n_tok=" + std::to_string(n_tok_) + " in=" + std::to_string(in_) + " out=" + std::to_string(out_) +
            " w=" + wtype_name(wt_) + " x=" + precision_name(prec_) +
-           (ldx_ != in_ ? " ldx=" + std::to_string(ldx_) : "") + (ldy_ != out_ ? " ldy=" + std::to_string(ldy_) : "");
+           (ldx_ != in_ ? " ldx=" + std::to_string(ldx_) : "") + (ldy_ != out_ ? " ldy=" + std::to_string(ldy_) : "") +
+           (specials_ ? " x-has-nan-inf" : "");
   }
   double max_nmse() const override { return 1e-9; }
   bool perf() const override { return perf_; }
@@ -41,6 +44,10 @@ class LinearCase : public OpCase {
     x_.resize(size_t(n_tok_ * ldx_));
     if (prec_ == Precision::bf16) fill_uniform_bf16(rng, x_.data(), int64_t(x_.size()), -2.f, 2.f);
     else fill_uniform(rng, x_.data(), int64_t(x_.size()), -2.f, 2.f);
+    if (specials_ && n_tok_ >= 3) {  // token 1 gets a NaN, token 2 a +inf (a zero weight then gives NaN)
+      x_[size_t(1 * ldx_ + 3)] = NAN;
+      x_[size_t(2 * ldx_ + in_ / 2)] = INFINITY;
+    }
     W_ = LinearWeight{};
     W_.out = out_;
     W_.in = in_;
@@ -101,7 +108,7 @@ class LinearCase : public OpCase {
   WType wt_;
   Precision prec_;
   int64_t n_tok_, in_, out_, ldx_, ldy_;
-  bool perf_;
+  bool perf_, specials_;
   std::vector<float> x_;
   std::vector<uint8_t> w_, scale_;
   LinearWeight W_;
@@ -121,6 +128,10 @@ K3_OP_CASES(linear_cases) {
         const int64_t in = wt == WType::mxfp4 ? (s.in + 31) / 32 * 32 : s.in;
         cases.push_back(std::make_unique<LinearCase>(wt, prec, s.n_tok, in, s.out, s.pad_x, s.pad_y));
       }
+  // NaN / Inf inputs: the positions of NaN and Inf outputs must match the reference exactly
+  for (WType wt : {WType::f32, WType::bf16, WType::f16, WType::fp8, WType::mxfp4})
+    for (Precision prec : {Precision::fp32, Precision::bf16})
+      cases.push_back(std::make_unique<LinearCase>(wt, prec, 5, 64, 24, 0, 0, false, true));
   // perf shapes: decode GEMV (bandwidth) and a prefill block (compute)
   for (WType wt : {WType::bf16, WType::mxfp4})
     for (Precision prec : {Precision::fp32, Precision::bf16}) {
