@@ -14,6 +14,14 @@ namespace k3 {
 Model::Model(const Checkpoint& ckpt, const ModelOptions& opt) : cfg_(ckpt.config()), opt_(opt) {}
 Model::~Model() = default;
 
+bool Model::activation_checks_enabled() {
+#ifdef NDEBUG
+  return false;
+#else
+  return true;
+#endif
+}
+
 Result<std::unique_ptr<Model>> Model::load(const Checkpoint& ckpt, const ModelOptions& opt) {
   if (opt.kda_chunk <= 0) return error(Code::invalid_argument, "kda_chunk must be positive");
   K3_ASSIGN_OR_RETURN(auto w, bind_model(ckpt));

@@ -48,6 +48,9 @@ class Model {
   static Result<std::unique_ptr<Model>> load(const Checkpoint& ckpt, const ModelOptions& opt);
   ~Model();
 
+  // True in debug builds (NDEBUG unset): every traced activation is checked for NaN/Inf.
+  static bool activation_checks_enabled();
+
   const ModelConfig& config() const { return cfg_; }
   const ModelOptions& options() const { return opt_; }
   std::unique_ptr<SeqState> new_state() const;

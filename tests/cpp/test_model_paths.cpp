@@ -20,17 +20,26 @@ namespace k3 {
 namespace {
 
 // A Checkpoint whose config is edited (tensors shared with the wrapped one).
+// A Checkpoint whose config is edited and one tensor may be replaced (the rest shared with the wrapped one).
 class EditedCheckpoint : public Checkpoint {
  public:
   EditedCheckpoint(const Checkpoint& base, ModelConfig cfg) : base_(base), cfg_(std::move(cfg)) {}
   const ModelConfig& config() const override { return cfg_; }
   const std::string& dir() const override { return base_.dir(); }
-  const TensorView* find(std::string_view name) const override { return base_.find(name); }
+  const TensorView* find(std::string_view name) const override {
+    return name == replaced_name_ ? &replaced_ : base_.find(name);
+  }
   std::vector<std::string> names() const override { return base_.names(); }
+  void replace(const std::string& name, TensorView t) {
+    replaced_name_ = name;
+    replaced_ = std::move(t);
+  }
 
  private:
   const Checkpoint& base_;
   ModelConfig cfg_;
+  std::string replaced_name_;
+  TensorView replaced_;
 };
 
 std::unique_ptr<Checkpoint> open_tiny(const std::string& name) {
@@ -247,6 +256,32 @@ TEST(ModelPathsDsa, FullTopkEqualsDenseMla) {
   // The released top-k (below the context) really selects: the logits move away from dense.
   ASSERT_LT(ck->config().dsa.topk, T);
   EXPECT_GT(nmse(run(*ms, tok, 0), ref), 1e-8);
+}
+
+// Debug builds check every traced activation: a NaN norm gain in layer 2 is reported with layer and name.
+TEST(ModelPathsGuard, NonFiniteActivationIsReported) {
+  if (!Model::activation_checks_enabled()) GTEST_SKIP() << "the NaN/Inf guard is compiled in debug builds only";
+  auto ck = open_tiny("tiny-kl");
+  ASSERT_TRUE(ck);
+  const int64_t D = ck->config().d_model;
+  std::vector<float> gain(size_t(D), 1.f);
+  gain[3] = std::nanf("");
+  TensorView t;
+  t.dtype = DType::f32;
+  t.shape = {D};
+  t.data = gain.data();
+  t.nbytes = size_t(D) * 4;
+  EditedCheckpoint poisoned(*ck, ck->config());
+  poisoned.replace("model.layers.2.input_layernorm.weight", t);
+  auto m = load(poisoned);
+  ASSERT_TRUE(m);
+  auto st = m->new_state();
+  std::vector<int32_t> tok = {1, 2, 3};
+  std::vector<float> logits;
+  Status s = m->forward(*st, tok.data(), 3, &logits, true);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("layer 2"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("attn_norm"), std::string::npos) << s.message();
 }
 
 TEST(ModelPathsTrace, NamedIntermediates) {
