@@ -123,6 +123,17 @@ Result<std::string> validate_common(const std::vector<Message>& messages, const 
   if (!options.tools.is_null() && !options.tools.is_array()) {
     return error(Code::invalid_argument, "tools must be an array");
   }
+  if (json_depth(options.tools) > kMaxJsonDepth || json_depth(options.response_format) > kMaxJsonDepth) {
+    return error(Code::invalid_argument, "tools / response_format nested deeper than " + std::to_string(kMaxJsonDepth));
+  }
+  for (const Message& m : messages) {
+    for (const ToolCall& c : m.tool_calls) {
+      if (json_text_depth(c.arguments) > kMaxJsonDepth) {
+        return error(Code::invalid_argument, "tool call '" + c.name + "': arguments nested deeper than " +
+                                                 std::to_string(kMaxJsonDepth));
+      }
+    }
+  }
   if (options.thinking_effort) {
     const std::string& e = *options.thinking_effort;
     if (e != "low" && e != "high" && e != "max") {
@@ -210,6 +221,38 @@ ojson deep_sorted(const ojson& value) {
   ojson o = ojson::object();
   for (const auto& k : keys) o[k] = deep_sorted(value.at(k));
   return o;
+}
+
+int json_text_depth(std::string_view text) {
+  int depth = 0, max_depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      max_depth = std::max(max_depth, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return max_depth;
+}
+
+int json_depth(const ojson& value) {
+  int max_depth = 0;
+  std::vector<std::pair<const ojson*, int>> stack = {{&value, 0}};
+  while (!stack.empty()) {
+    auto [v, d] = stack.back();
+    stack.pop_back();
+    if (!v->is_structured()) continue;
+    max_depth = std::max(max_depth, d + 1);
+    for (const auto& e : *v) stack.push_back({&e, d + 1});
+  }
+  return max_depth;
 }
 
 // ---- UTF-8 ----

@@ -143,6 +143,13 @@ std::string py_json_dumps(const ojson& value, bool compact);
 // Recursively sorted keys (Python _deep_sort), as an ordered_json whose order is now sorted.
 ojson deep_sorted(const ojson& value);
 
+// Nesting limit for JSON we render or parse (recursive dumping must not overflow the stack).
+constexpr int kMaxJsonDepth = 128;
+// Deepest [ / { nesting in JSON text, counted outside strings (no parse).
+int json_text_depth(std::string_view text);
+// Deepest nesting of a parsed value (iterative).
+int json_depth(const ojson& value);
+
 // Length of the longest prefix of `bytes` that ends on a UTF-8 character boundary, treating a
 // truncated multi-byte sequence at the end as incomplete (held back) and any other bad byte as complete.
 size_t utf8_complete_prefix(std::string_view bytes);

@@ -167,7 +167,8 @@ class K3Parser final : public OutputParser {
     if (arg_type_.empty() || arg_type_ == "string") {
       v = utf8_sanitize(arg_raw_);
     } else {
-      v = ojson::parse(arg_raw_, nullptr, /*allow_exceptions=*/false);
+      v = ojson(ojson::value_t::discarded);
+      if (json_text_depth(arg_raw_) <= kMaxJsonDepth) v = ojson::parse(arg_raw_, nullptr, /*allow_exceptions=*/false);
       if (v.is_discarded()) v = utf8_sanitize(arg_raw_);
     }
     args_[arg_key_] = std::move(v);

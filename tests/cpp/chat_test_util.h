@@ -146,7 +146,9 @@ inline ParsedOutput parse_every_way(const ChatTemplate& tmpl, const ChatOptions&
         EXPECT_EQ(e.text.find("<|"), std::string::npos) << e.text;
         if (e.kind == ChatEvent::Kind::content) content += e.text;
         if (e.kind == ChatEvent::Kind::reasoning) reasoning += e.text;
-        if (e.kind == ChatEvent::Kind::tool_call) EXPECT_EQ(e.index, static_cast<int>(n_calls++));
+        if (e.kind == ChatEvent::Kind::tool_call) {
+          EXPECT_EQ(e.index, static_cast<int>(n_calls++));
+        }
       }
       EXPECT_EQ(content, p.content);
       EXPECT_EQ(reasoning, p.reasoning);

@@ -224,6 +224,8 @@ TEST_F(K3Chat, BadRequestsAreInvalidArgument) {
   Message a = msg("assistant", "");
   a.tool_calls = {{"c", "f", "[1, 2]"}};  // valid JSON but not an object
   EXPECT_EQ(render_error({a}, o).code(), Code::invalid_argument);
+  a.tool_calls = {{"c", "f", "{\"k\": " + std::string(200, '[') + std::string(200, ']') + "}"}};
+  EXPECT_NE(render_error({a}, o).message().find("nested deeper"), std::string::npos);
   // The K3 format needs the K3 markers: a K2 tokenizer is refused with the missing name.
   FakeTokenizer k2tok("k2");
   auto t = make_chat_template(ChatFormat::k3_xtml, k2tok);
