@@ -14,8 +14,9 @@ Status bind_moe(Binder& b, const ModelConfig& cfg, MoeWeights* w) {
   if (m.n_expert_used <= 0 || m.n_expert_used > E) return error(Code::bad_file, "bad num_experts_per_token");
   w->gate = b.linear("gate", E, D);
   w->bias = b.vec("gate.e_score_correction_bias", E);
-  K3_RETURN_IF_ERROR(bind_ffn(b, "shared_experts.gate_proj", "shared_experts.up_proj", "shared_experts.down_proj",
-                              D, int64_t(m.n_shared_expert) * m.d_ff_expert, &w->shared));
+  if (m.n_shared_expert > 0)
+    K3_RETURN_IF_ERROR(bind_ffn(b, "shared_experts.gate_proj", "shared_experts.up_proj", "shared_experts.down_proj",
+                                D, int64_t(m.n_shared_expert) * m.d_ff_expert, &w->shared));
   const int64_t d_in = m.d_latent > 0 ? m.d_latent : D;
   if (m.d_latent > 0) {
     w->latent_down = b.linear("routed_expert_down_proj", m.d_latent, D);
@@ -96,8 +97,12 @@ void moe_forward(const Ctx& c, const ModelConfig& cfg, const MoeWeights& w, cons
     routed.swap(y);
   }
   c.cb("moe_routed", layer, routed.data(), int64_t(routed.size()));
-  ffn_forward(c, cfg, w.shared, x, n_tok, out);
-  c.cb("moe_shared", layer, out, n_tok * D);
+  if (m.n_shared_expert > 0) {
+    ffn_forward(c, cfg, w.shared, x, n_tok, out);
+    c.cb("moe_shared", layer, out, n_tok * D);
+  } else {
+    std::fill(out, out + n_tok * D, 0.f);
+  }
   for (int64_t i = 0; i < n_tok * D; ++i) out[i] += routed[size_t(i)];
   c.rnd(out, n_tok * D);
 }
