@@ -14,7 +14,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const k3::ModelConfig& c = r.value();
   K3_ASSERT(c.n_layer > 0 && int(c.layer_attn.size()) == c.n_layer && int(c.layer_moe.size()) == c.n_layer);
   K3_ASSERT(c.moe.n_expert_used <= c.moe.n_expert);
-  K3_ASSERT(c.n_layers_of(k3::AttnKind::kda) + c.n_layers_of(k3::AttnKind::mla) + c.n_layers_of(k3::AttnKind::dsa) ==
+  K3_ASSERT(c.n_layers_of(k3::AttnKind::kda) + c.n_layers_of(k3::AttnKind::mla) +
+                c.n_layers_of(k3::AttnKind::dsa) ==
             c.n_layer);
   K3_ASSERT(!c.dsa.enabled || c.family == k3::Family::k3_1);
   return 0;

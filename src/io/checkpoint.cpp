@@ -4,7 +4,7 @@
 //   2. DIR/model.safetensors, or every shard named by DIR/model.safetensors.index.json weight_map;
 //      every shard must exist and every tensor must sit in the shard the map names (both directions)
 //   3. canonical names: language_model.model.X / language_model.X -> model.X,
-//      language_model.lm_head.weight -> lm_head.weight; vision_tower.* / mm_projector.* skipped (one log line)
+//      language_model.lm_head.weight -> lm_head.weight; vision_tower.*, mm_projector.* skipped (logged)
 //   4. kda.gate_rank = rows of the first KDA layer's f_a_proj.weight
 //   5. opt.validate: the manifest (io/manifest) — presence, shape, dtype, A_log tail, MXFP4 scale 255;
 //      tensors outside the manifest are tolerated with one warning
@@ -32,7 +32,9 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+bool starts_with(std::string_view s, std::string_view p) {
+  return s.substr(0, p.size()) == p;
+}
 
 // "" for a vision tensor (skipped), else the canonical name.
 std::string canonical_name(const std::string& n) {
@@ -72,7 +74,8 @@ class CheckpointImpl final : public Checkpoint {
 };
 
 // Shard file names (relative to dir_), and for a sharded checkpoint the weight map (published name -> shard).
-Result<std::vector<std::string>> CheckpointImpl::shard_list(std::map<std::string, std::string>* weight_map) const {
+Result<std::vector<std::string>> CheckpointImpl::shard_list(
+    std::map<std::string, std::string>* weight_map) const {
   const std::string index = dir_ + "/model.safetensors.index.json";
   if (!file_exists(index)) {
     if (file_exists(dir_ + "/model.safetensors")) return std::vector<std::string>{"model.safetensors"};
@@ -86,19 +89,23 @@ Result<std::vector<std::string>> CheckpointImpl::shard_list(std::map<std::string
     return error(Code::bad_file, index + ": needs a \"weight_map\" object");
   std::set<std::string> shards;
   for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-    if (!it->is_string()) return error(Code::bad_file, index + ": weight_map[\"" + it.key() + "\"] is not a string");
+    if (!it->is_string())
+      return error(Code::bad_file, index + ": weight_map[\"" + it.key() + "\"] is not a string");
     const std::string shard = it->get<std::string>();
     if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..")
-      return error(Code::bad_file, index + ": weight_map[\"" + it.key() + "\"] = \"" + shard + "\" is not a file name");
+      return error(Code::bad_file,
+                   index + ": weight_map[\"" + it.key() + "\"] = \"" + shard + "\" is not a file name");
     (*weight_map)[it.key()] = shard;
     shards.insert(shard);
   }
   for (const std::string& s : shards)
-    if (!file_exists(dir_ + "/" + s)) return error(Code::not_found, index + ": shard " + s + " does not exist");
+    if (!file_exists(dir_ + "/" + s))
+      return error(Code::not_found, index + ": shard " + s + " does not exist");
   return std::vector<std::string>(shards.begin(), shards.end());
 }
 
-Status CheckpointImpl::add_file(const SafetensorsFile& f, const std::map<std::string, std::string>& weight_map,
+Status CheckpointImpl::add_file(const SafetensorsFile& f,
+                                const std::map<std::string, std::string>& weight_map,
                                 const std::string& shard, size_t* n_vision) {
   for (const NamedTensor& t : f.tensors()) {
     if (!weight_map.empty()) {
@@ -124,14 +131,16 @@ Status CheckpointImpl::load(const std::string& dir, const CheckpointOptions& opt
   dir_ = dir;
   while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
   const std::string cfg_path = dir_ + "/config.json";
-  if (!file_exists(cfg_path)) return error(Code::not_found, cfg_path + ": not found (is " + dir_ + " a checkpoint?)");
+  if (!file_exists(cfg_path))
+    return error(Code::not_found, cfg_path + ": not found (is " + dir_ + " a checkpoint?)");
   K3_ASSIGN_OR_RETURN(config_, load_hf_config(cfg_path));
 
   std::map<std::string, std::string> weight_map;
   K3_ASSIGN_OR_RETURN(std::vector<std::string> shards, shard_list(&weight_map));
   size_t n_vision = 0;
   for (size_t s = 0; s < shards.size(); ++s) {
-    if (opt.progress) std::fprintf(stderr, "\rk3: mapping shard %zu/%zu %s", s + 1, shards.size(), shards[s].c_str());
+    if (opt.progress)
+      std::fprintf(stderr, "\rk3: mapping shard %zu/%zu %s", s + 1, shards.size(), shards[s].c_str());
     K3_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(dir_ + "/" + shards[s]));
     K3_RETURN_IF_ERROR(add_file(*file, weight_map, shards[s], &n_vision));
     files_.push_back(std::move(file));
@@ -144,7 +153,8 @@ Status CheckpointImpl::load(const std::string& dir, const CheckpointOptions& opt
       return error(Code::bad_file, dir_ + "/model.safetensors.index.json: tensor " + name + " is mapped to " +
                                        shard + " but that shard does not contain it");
   }
-  if (n_vision > 0) K3_LOG_INFO("%s: skipped %zu vision tensors (vision_tower.*, mm_projector.*)", dir_.c_str(), n_vision);
+  if (n_vision > 0)
+    K3_LOG_INFO("%s: skipped %zu vision tensors (vision_tower.*, mm_projector.*)", dir_.c_str(), n_vision);
 
   // KDA gate rank from the first KDA layer's f_a_proj.weight [R, D].
   for (int i = 0; i < config_.n_layer; ++i) {
@@ -164,14 +174,16 @@ Status CheckpointImpl::load(const std::string& dir, const CheckpointOptions& opt
                                      " tensors but the checkpoint holds " + std::to_string(tensors_.size()));
   auto has = [&](const std::string& n) { return find(n) != nullptr; };
   const std::vector<ExpectedTensor> manifest = expected_tensors(config_, has);
-  K3_RETURN_IF_ERROR(check_manifest(config_, manifest, [&](const std::string& n) { return find(n); }, dir_));
+  K3_RETURN_IF_ERROR(check_manifest(
+      config_, manifest, [&](const std::string& n) { return find(n); }, dir_));
   std::set<std::string> expected;
   for (const ExpectedTensor& e : manifest) expected.insert(e.name);
   std::vector<std::string> extra;
   for (const auto& [n, t] : tensors_)
     if (!expected.count(n)) extra.push_back(n);
   if (!extra.empty())
-    K3_LOG_WARN("%s: %zu tensor(s) not used by the model (first: %s)", dir_.c_str(), extra.size(), extra[0].c_str());
+    K3_LOG_WARN("%s: %zu tensor(s) not used by the model (first: %s)", dir_.c_str(), extra.size(),
+                extra[0].c_str());
   return ok_status();
 }
 

@@ -72,7 +72,8 @@ struct Keys {
   bool boolean(const char* key, bool def) {
     const json* v = find(key);
     if (failed() || !v) return def;
-    if (!v->is_boolean()) fail(Code::invalid_argument, path(key) + " must be true or false, got " + v->dump());
+    if (!v->is_boolean())
+      fail(Code::invalid_argument, path(key) + " must be true or false, got " + v->dump());
     return v->is_boolean() ? v->get<bool>() : def;
   }
   std::string string(const char* key, bool required, const std::string& def) {
@@ -91,7 +92,8 @@ struct Keys {
     const json* v = find(key);
     if (failed()) return out;
     if (!v || !v->is_array()) {
-      fail(Code::invalid_argument, v ? path(key) + " must be a list of 1-based layer numbers" : "missing key " + path(key));
+      fail(Code::invalid_argument,
+           v ? path(key) + " must be a list of 1-based layer numbers" : "missing key " + path(key));
       return out;
     }
     for (const json& e : *v) {
@@ -139,7 +141,8 @@ void parse_quantization(Keys q, MoeConfig* moe) {
 void parse_dsa(Keys d, ModelConfig& c, const std::vector<int>& full_attn) {
   for (const char* k : {"dsa_layers", "index_num_heads", "index_head_dim", "index_topk", "index_topk_freq",
                         "index_k_norm_type"})
-    if (!d.has(k)) return d.fail(Code::unsupported, "missing key " + d.path(k) + " (every dsa_config key is required)");
+    if (!d.has(k))
+      return d.fail(Code::unsupported, "missing key " + d.path(k) + " (every dsa_config key is required)");
   std::vector<int> dsa_layers = d.layer_list("dsa_layers", c.n_layer);
   c.dsa.n_head = d.integer("index_num_heads", true, 0, 1, kMaxDim);
   c.dsa.d_head = d.integer("index_head_dim", true, 0, 1, kMaxDim);
@@ -147,11 +150,13 @@ void parse_dsa(Keys d, ModelConfig& c, const std::vector<int>& full_attn) {
   const int freq = d.integer("index_topk_freq", true, 1, INT32_MIN, INT32_MAX);
   const std::string norm = d.string("index_k_norm_type", true, "");
   if (d.failed()) return;
-  if (freq != 1) return d.unsupported("index_topk_freq", std::to_string(freq), "every DSA layer runs its own indexer");
+  if (freq != 1)
+    return d.unsupported("index_topk_freq", std::to_string(freq), "every DSA layer runs its own indexer");
   if (norm != "layernorm") return d.unsupported("index_k_norm_type", "\"" + norm + "\"", "only layernorm");
   std::sort(dsa_layers.begin(), dsa_layers.end());
   if (dsa_layers != full_attn)
-    return d.unsupported("dsa_layers", d.find("dsa_layers")->dump(), "must equal linear_attn_config.full_attn_layers");
+    return d.unsupported("dsa_layers", d.find("dsa_layers")->dump(),
+                         "must equal linear_attn_config.full_attn_layers");
   if (c.mla.q_lora_rank == 0)
     return d.fail(Code::unsupported, "dsa_config needs q_lora_rank > 0 (the indexer reads the q latent)");
   if (d.has("index_skip_topk_offset"))
@@ -165,7 +170,8 @@ void parse_text(Keys t, ModelConfig& c) {
   c.n_layer = t.integer("num_hidden_layers", true, 0, 1, kMaxLayers);
   c.n_vocab = t.integer("vocab_size", true, 0, 1, int64_t(1) << 24);
   c.rms_norm_eps = float(t.number("rms_norm_eps", false, 1e-5));
-  if (t.boolean("tie_word_embeddings", false)) t.unsupported("tie_word_embeddings", "true", "the LM head is untied");
+  if (t.boolean("tie_word_embeddings", false))
+    t.unsupported("tie_word_embeddings", "true", "the LM head is untied");
   if (const int n = t.integer("num_nextn_predict_layers", false, 0, INT32_MIN, INT32_MAX); n != 0)
     t.unsupported("num_nextn_predict_layers", std::to_string(n), "MTP layers are not implemented");
 
@@ -191,9 +197,12 @@ void parse_text(Keys t, ModelConfig& c) {
   c.mla.use_output_gate = t.boolean("mla_use_output_gate", false);
 
   const std::string act = t.string("hidden_act", true, "");
-  if (act == "silu") c.act = Activation::silu;
-  else if (act == "situ") c.act = Activation::situ;
-  else if (!t.failed()) t.unsupported("hidden_act", "\"" + act + "\"", "only silu and situ");
+  if (act == "silu")
+    c.act = Activation::silu;
+  else if (act == "situ")
+    c.act = Activation::situ;
+  else if (!t.failed())
+    t.unsupported("hidden_act", "\"" + act + "\"", "only silu and situ");
   if (c.act == Activation::situ) {
     c.situ_beta = float(t.number("activation_situ_beta", true, 4.0));
     c.has_situ_linear_beta = t.has("activation_situ_linear_beta");
@@ -217,7 +226,8 @@ void parse_text(Keys t, ModelConfig& c) {
   m.routed_scaling_factor = float(t.number("routed_scaling_factor", false, 1.0));
   m.n_expert_group = t.integer("num_expert_group", false, 1, INT32_MIN, INT32_MAX);
   m.topk_group = t.integer("topk_group", false, 1, INT32_MIN, INT32_MAX);
-  if (m.n_expert_group != 1) t.unsupported("num_expert_group", std::to_string(m.n_expert_group), "grouped top-k; only 1");
+  if (m.n_expert_group != 1)
+    t.unsupported("num_expert_group", std::to_string(m.n_expert_group), "grouped top-k; only 1");
   if (m.topk_group != 1) t.unsupported("topk_group", std::to_string(m.topk_group), "grouped top-k; only 1");
   if (const std::string f = t.string("moe_router_activation_func", false, "sigmoid"); f != "sigmoid")
     t.unsupported("moe_router_activation_func", "\"" + f + "\"", "only the sigmoid router");
@@ -243,7 +253,9 @@ void parse_text(Keys t, ModelConfig& c) {
   if (t.has("dsa_config")) parse_dsa(d, c, full_attn);
   if (t.failed()) return;
   for (int i = 0; i < c.n_layer; ++i) {
-    c.layer_attn.push_back(seen[size_t(i)] == 1 ? AttnKind::kda : c.dsa.enabled ? AttnKind::dsa : AttnKind::mla);
+    c.layer_attn.push_back(seen[size_t(i)] == 1 ? AttnKind::kda
+                           : c.dsa.enabled      ? AttnKind::dsa
+                                                : AttnKind::mla);
     c.layer_moe.push_back(i >= c.first_k_dense_replace && i % c.moe_layer_freq == 0);
   }
 }
@@ -260,8 +272,8 @@ Result<ModelConfig> parse_hf_config(std::string_view json_text, const std::strin
   if (!st.ok()) return st;
   const bool nested = c.model_type == "kimi_k3";
   if (!nested && c.model_type != "kimi_linear")
-    return error(Code::unsupported, file + ": model_type \"" + c.model_type +
-                                        "\" is not supported (kimi_linear or kimi_k3)");
+    return error(Code::unsupported,
+                 file + ": model_type \"" + c.model_type + "\" is not supported (kimi_linear or kimi_k3)");
   Keys text = nested ? root.sub("text_config", true) : root;
   if (!st.ok()) return st;
   c.family = !nested ? Family::kimi_linear : text.has("dsa_config") ? Family::k3_1 : Family::k3;

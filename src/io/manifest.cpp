@@ -16,8 +16,8 @@ const std::vector<DType> kU8 = {DType::u8};
 struct Builder {
   std::vector<ExpectedTensor>* out;
   int layer = -1;
-  void add(std::string name, std::vector<int64_t> shape, const std::vector<DType>& dtypes, bool routed = false,
-           int64_t n_param = -1) {
+  void add(std::string name, std::vector<int64_t> shape, const std::vector<DType>& dtypes,
+           bool routed = false, int64_t n_param = -1) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     out->push_back({std::move(name), {std::move(shape)}, dtypes, layer, routed, n_param < 0 ? n : n_param});
@@ -181,15 +181,18 @@ ParamCount count_params(const ModelConfig& c, const std::vector<ExpectedTensor>&
   int64_t routed = 0;
   for (const ExpectedTensor& t : manifest) {
     n.total += t.n_param;
-    if (t.routed_expert) routed += t.n_param;
-    else n.active += t.n_param;
+    if (t.routed_expert)
+      routed += t.n_param;
+    else
+      n.active += t.n_param;
   }
   if (c.moe.n_expert > 0) n.active += routed / c.moe.n_expert * c.moe.n_expert_used;
   return n;
 }
 
 Status check_manifest(const ModelConfig& c, const std::vector<ExpectedTensor>& manifest,
-                      const std::function<const TensorView*(const std::string&)>& find, const std::string& where) {
+                      const std::function<const TensorView*(const std::string&)>& find,
+                      const std::string& where) {
   constexpr size_t kNamed = 6;
   std::vector<std::string> problems;
   size_t n_problems = 0;
@@ -206,7 +209,8 @@ Status check_manifest(const ModelConfig& c, const std::vector<ExpectedTensor>& m
     const bool shape_ok = std::find(e.shapes.begin(), e.shapes.end(), t->shape) != e.shapes.end();
     const bool dtype_ok = std::find(e.dtypes.begin(), e.dtypes.end(), t->dtype) != e.dtypes.end();
     if (!shape_ok || !dtype_ok) {
-      report(e.name + " is " + describe(*t) + ", expected " + shapes_str(e.shapes) + " " + dtypes_str(e.dtypes));
+      report(e.name + " is " + describe(*t) + ", expected " + shapes_str(e.shapes) + " " +
+             dtypes_str(e.dtypes));
       continue;
     }
     // K3 A_log: only the first H entries are used; the tail must be zero (MODEL.md §4).
@@ -222,12 +226,14 @@ Status check_manifest(const ModelConfig& c, const std::vector<ExpectedTensor>& m
     // E8M0 scale 255 is NaN (MODEL.md §9).
     if (ends_with(e.name, ".weight_scale") && std::memchr(t->data, 0xff, t->nbytes))
       report(e.name + ": MXFP4 scale byte 255 (E8M0 NaN) at offset " +
-             std::to_string(static_cast<const uint8_t*>(std::memchr(t->data, 0xff, t->nbytes)) - t->as<uint8_t>()));
+             std::to_string(static_cast<const uint8_t*>(std::memchr(t->data, 0xff, t->nbytes)) -
+                            t->as<uint8_t>()));
   }
   if (n_problems == 0) return ok_status();
   std::string msg = where + ": " + std::to_string(n_problems) + " problem(s) with the checkpoint tensors: ";
   for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
-  if (n_problems > problems.size()) msg += "; ... and " + std::to_string(n_problems - problems.size()) + " more";
+  if (n_problems > problems.size())
+    msg += "; ... and " + std::to_string(n_problems - problems.size()) + " more";
   return error(Code::bad_file, msg);
 }
 

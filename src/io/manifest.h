@@ -3,8 +3,8 @@
 //
 //   D = d_model, V = n_vocab, HK = kda.n_head * kda.d_head, R = kda.gate_rank (from f_a_proj rows)
 //   KDA   q/k/v_proj [HK, D], q/k/v_conv1d [HK, 1, W], f_a [R, D], f_b [HK, R], b_proj [H, D],
-//         dt_bias [HK] f32, A_log [1,1,H,1] (KL) | [K] or [H] f32 (K3), g_proj [HK, D] | g_a [R, D] + g_b [HK, R],
-//         o_norm [K], o_proj [D, HK]
+//         dt_bias [HK] f32, A_log [1,1,H,1] (KL) | [K] or [H] f32 (K3),
+//         g_proj [HK, D] | g_a [R, D] + g_b [HK, R], o_norm [K], o_proj [D, HK]
 //   MLA   q_proj [nh*dqk, D] | q_a [qr, D] + q_a_layernorm [qr] + q_b [nh*dqk, qr], kv_a_proj_with_mqa
 //         [kvr+dr, D], kv_a_layernorm [kvr], kv_b [nh*(dn+dv), kvr], o_proj [D, nh*dv], g_proj [nh*dv, D]
 //   DSA   indexer.wq_b [ih*id, qr], wk [id, D], weights_proj [ih, D], k_norm.{weight,bias} [id]
@@ -25,12 +25,12 @@
 namespace k3 {
 
 struct ExpectedTensor {
-  std::string name;                           // canonical ("model.layers.3.self_attn.q_proj.weight")
-  std::vector<std::vector<int64_t>> shapes;   // allowed shapes; the first is the usual one
-  std::vector<DType> dtypes;                  // allowed dtypes
-  int layer = -1;                             // -1: model-level tensor
-  bool routed_expert = false;                 // active for n_expert_used / n_expert of tokens
-  int64_t n_param = 0;                        // logical weights (MXFP4 packed byte = 2, scales = 0)
+  std::string name;                          // canonical ("model.layers.3.self_attn.q_proj.weight")
+  std::vector<std::vector<int64_t>> shapes;  // allowed shapes; the first is the usual one
+  std::vector<DType> dtypes;                 // allowed dtypes
+  int layer = -1;                            // -1: model-level tensor
+  bool routed_expert = false;                // active for n_expert_used / n_expert of tokens
+  int64_t n_param = 0;                       // logical weights (MXFP4 packed byte = 2, scales = 0)
 };
 
 // `has(name)` tells whether the checkpoint holds a tensor; it picks MXFP4 vs bf16 per expert.
@@ -46,6 +46,7 @@ ParamCount count_params(const ModelConfig& c, const std::vector<ExpectedTensor>&
 // Presence, shape and dtype of every expected tensor, then the value checks; all problems in one
 // Status (Code::bad_file, the first few named). `where` prefixes the message (the checkpoint dir).
 Status check_manifest(const ModelConfig& c, const std::vector<ExpectedTensor>& manifest,
-                      const std::function<const TensorView*(const std::string&)>& find, const std::string& where);
+                      const std::function<const TensorView*(const std::string&)>& find,
+                      const std::string& where);
 
 }  // namespace k3

@@ -19,7 +19,9 @@ namespace {
 using json = nlohmann::json;
 constexpr uint64_t kMaxHeader = 100ull << 20;  // the safetensors reference limit
 
-Status bad(const std::string& file, const std::string& msg) { return error(Code::bad_file, file + ": " + msg); }
+Status bad(const std::string& file, const std::string& msg) {
+  return error(Code::bad_file, file + ": " + msg);
+}
 
 }  // namespace
 
@@ -27,8 +29,10 @@ Result<json> parse_json_strict(std::string_view text, const std::string& file) {
   std::vector<std::set<std::string>> keys;  // one key set per open object
   std::string dup;
   auto cb = [&](int /*depth*/, json::parse_event_t ev, json& parsed) {
-    if (ev == json::parse_event_t::object_start) keys.emplace_back();
-    else if (ev == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+    if (ev == json::parse_event_t::object_start)
+      keys.emplace_back();
+    else if (ev == json::parse_event_t::object_end && !keys.empty())
+      keys.pop_back();
     else if (ev == json::parse_event_t::key && !keys.empty() && parsed.is_string()) {
       const std::string& k = parsed.get_ref<const std::string&>();
       if (!keys.back().insert(k).second && dup.empty()) dup = k;
@@ -75,8 +79,8 @@ Status parse_entry(const std::string& file, const std::string& name, const json&
   const uint64_t esz = dtype_size(dtype);
   if (overflow || numel > UINT64_MAX / esz || numel * esz != en - b)
     return fail("shape " + shape_str(shape) + " " + dts + " needs " +
-                (overflow ? std::string("too many") : std::to_string(numel * esz)) + " bytes but data_offsets span " +
-                std::to_string(en - b));
+                (overflow ? std::string("too many") : std::to_string(numel * esz)) +
+                " bytes but data_offsets span " + std::to_string(en - b));
   *begin = b;
   *end = en;
   out->name = name;
@@ -95,10 +99,12 @@ Result<std::vector<NamedTensor>> parse_safetensors(const void* bytes, size_t siz
   for (int i = 7; i >= 0; --i) n = (n << 8) | p[i];
   if (n > kMaxHeader) return bad(file, "header length " + std::to_string(n) + " exceeds the 100 MB limit");
   if (n > size - 8)
-    return bad(file, "header length " + std::to_string(n) + " is beyond the file size " + std::to_string(size));
+    return bad(file,
+               "header length " + std::to_string(n) + " is beyond the file size " + std::to_string(size));
   const uint64_t data_offset = 8 + n, data_size = size - data_offset;
-  K3_ASSIGN_OR_RETURN(json header,
-                      parse_json_strict(std::string_view(reinterpret_cast<const char*>(p + 8), n), file + " header"));
+  K3_ASSIGN_OR_RETURN(
+      json header,
+      parse_json_strict(std::string_view(reinterpret_cast<const char*>(p + 8), n), file + " header"));
   if (!header.is_object()) return bad(file, "header is not a JSON object");
 
   std::vector<NamedTensor> tensors;
@@ -136,7 +142,8 @@ Result<std::vector<NamedTensor>> parse_safetensors(const void* bytes, size_t siz
 
 Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return error(errno == ENOENT ? Code::not_found : Code::bad_file, path + ": " + std::strerror(errno));
+  if (fd < 0)
+    return error(errno == ENOENT ? Code::not_found : Code::bad_file, path + ": " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);

@@ -1,7 +1,7 @@
 // safetensors.h: one .safetensors file, mmapped read-only (MAP_PRIVATE), tensors as zero-copy views.
 //
 //   file = u64 LE n | n bytes of JSON header | data region
-//   header = { "__metadata__": {...}?, NAME: {"dtype": "BF16", "shape": [d0, ...], "data_offsets": [b, e]}, ... }
+//   header = { "__metadata__": {...}?, NAME: {"dtype": "BF16", "shape": [d0, ..], "data_offsets": [b, e]} }
 //   tensor bytes = data[b, e), offsets relative to the data region (8 + n)
 //
 // Validation (every failure is a Status naming the file and, where there is one, the tensor):

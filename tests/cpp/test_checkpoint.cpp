@@ -5,8 +5,8 @@
 
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "io/checkpoint.h"
@@ -30,7 +30,9 @@ std::string make_st(const std::vector<Blob>& blobs) {
   std::string data;
   for (const Blob& b : blobs) {
     data.resize((data.size() + 7) / 8 * 8, '\0');
-    h[b.name] = {{"dtype", b.dtype}, {"shape", b.shape}, {"data_offsets", {data.size(), data.size() + b.bytes.size()}}};
+    h[b.name] = {{"dtype", b.dtype},
+                 {"shape", b.shape},
+                 {"data_offsets", {data.size(), data.size() + b.bytes.size()}}};
     data += b.bytes;
   }
   std::string hs = h.dump();
@@ -47,11 +49,14 @@ std::string raw_st(const std::string& header, size_t data_bytes) {
   return out + header + std::string(data_bytes, '\0');
 }
 
-Status parse(const std::string& img) { return parse_safetensors(img.data(), img.size(), "t.safetensors").status(); }
+Status parse(const std::string& img) {
+  return parse_safetensors(img.data(), img.size(), "t.safetensors").status();
+}
 
 void expect_error(const Status& st, std::initializer_list<const char*> parts) {
   ASSERT_FALSE(st.ok());
-  for (const char* p : parts) EXPECT_NE(st.message().find(p), std::string::npos) << "'" << p << "' not in: " << st.message();
+  for (const char* p : parts)
+    EXPECT_NE(st.message().find(p), std::string::npos) << "'" << p << "' not in: " << st.message();
 }
 
 TEST(Safetensors, ParsesViewsIntoTheBuffer) {
@@ -70,7 +75,10 @@ TEST(Safetensors, ParsesViewsIntoTheBuffer) {
 }
 
 TEST(Safetensors, MetadataAllowedButMustBeAnObject) {
-  EXPECT_TRUE(parse(raw_st(R"({"__metadata__":{"format":"pt"},"x":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})", 2)).ok());
+  EXPECT_TRUE(
+      parse(raw_st(R"({"__metadata__":{"format":"pt"},"x":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
+                   2))
+          .ok());
   expect_error(parse(raw_st(R"({"__metadata__":[1]})", 0)), {"t.safetensors", "__metadata__"});
 }
 
@@ -94,27 +102,32 @@ TEST(Safetensors, InvalidJson) {
 TEST(Safetensors, OffsetsOutsideTheFile) {
   expect_error(parse(raw_st(R"({"w":{"dtype":"U8","shape":[8],"data_offsets":[4,12]}})", 8)),
                {"tensor \"w\"", "beyond the data region"});
-  expect_error(parse(raw_st(R"({"w":{"dtype":"U8","shape":[0],"data_offsets":[5,4]}})", 8)), {"\"w\"", "begin 5 > end 4"});
+  expect_error(parse(raw_st(R"({"w":{"dtype":"U8","shape":[0],"data_offsets":[5,4]}})", 8)),
+               {"\"w\"", "begin 5 > end 4"});
 }
 
 TEST(Safetensors, SizeMismatchAndOverlap) {
   expect_error(parse(raw_st(R"({"w":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,8]}})", 16)),
                {"\"w\"", "[2, 3] BF16 needs 12 bytes", "span 8"});
   expect_error(parse(raw_st(R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},)"
-                            R"("b":{"dtype":"U8","shape":[8],"data_offsets":[4,12]}})", 16)),
+                            R"("b":{"dtype":"U8","shape":[8],"data_offsets":[4,12]}})",
+                            16)),
                {"\"a\"", "\"b\"", "overlap"});
   // A product of dimensions that overflows 64 bits must not wrap around to the span.
-  expect_error(parse(raw_st(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,0]}})", 0)),
-               {"\"w\""});
+  expect_error(
+      parse(raw_st(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,0]}})", 0)),
+      {"\"w\""});
 }
 
 TEST(Safetensors, DuplicateNamesUnknownDtypeMisaligned) {
   expect_error(parse(raw_st(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
-                            R"("w":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})", 8)),
+                            R"("w":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})",
+                            8)),
                {"duplicate key \"w\""});
   expect_error(parse(raw_st(R"({"w":{"dtype":"Q4_K","shape":[1],"data_offsets":[0,1]}})", 8)),
                {"\"w\"", "unknown dtype \"Q4_K\""});
-  expect_error(parse(raw_st(R"({"w":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}})", 8)), {"non-negative"});
+  expect_error(parse(raw_st(R"({"w":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}})", 8)),
+               {"non-negative"});
   std::string h = R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[1,5]}})";
   h.resize((h.size() + 7) / 8 * 8, ' ');
   expect_error(parse(raw_st(h, 8)), {"\"w\"", "not aligned"});
@@ -173,8 +186,9 @@ TEST_F(CheckpointTest, TinyModelsOpenWithTheirLayerMaps) {
     Family family;
     std::string attn;  // K = KDA, M = MLA, D = DSA per layer
   };
-  for (const Case& c : {Case{"tiny-kl", Family::kimi_linear, "KKKMKM"}, Case{"tiny-k3", Family::k3, "KKKMKKKM"},
-                        Case{"tiny-k31", Family::k3_1, "KKKDKKKD"}}) {
+  for (const Case& c :
+       {Case{"tiny-kl", Family::kimi_linear, "KKKMKM"}, Case{"tiny-k3", Family::k3, "KKKMKKKM"},
+        Case{"tiny-k31", Family::k3_1, "KKKDKKKD"}}) {
     auto ck = Checkpoint::open(model(c.name));
     ASSERT_TRUE(ck.ok()) << c.name << ": " << ck.status().message();
     const ModelConfig& cfg = (*ck)->config();
@@ -234,8 +248,9 @@ TEST_F(CheckpointTest, MissingWrongShapeWrongDtypeAllReported) {
 
 TEST_F(CheckpointTest, ExtraTensorsAreTolerated) {
   const std::string d = copy_of("tiny-kl");
-  rewrite(d + "/model.safetensors",
-          [](std::vector<Blob>& b) { b.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", "F32", {2}, std::string(8, '\0')}); });
+  rewrite(d + "/model.safetensors", [](std::vector<Blob>& b) {
+    b.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", "F32", {2}, std::string(8, '\0')});
+  });
   auto ck = Checkpoint::open(d);
   ASSERT_TRUE(ck.ok()) << ck.status().message();
   EXPECT_NE((*ck)->find("model.layers.0.self_attn.rotary_emb.inv_freq"), nullptr);
@@ -251,8 +266,9 @@ TEST_F(CheckpointTest, NonzeroALogTailAndNanScale) {
     s->bytes[7] = char(0xff);
   });
   auto st = open_status(d);
-  expect_error(st, {"2 problem(s)", "model.layers.1.self_attn.A_log: A_log[5]", "nonzero",
-                    "model.layers.2.block_sparse_moe.experts.4.w3.weight_scale: MXFP4 scale byte 255", "offset 7"});
+  expect_error(
+      st, {"2 problem(s)", "model.layers.1.self_attn.A_log: A_log[5]", "nonzero",
+           "model.layers.2.block_sparse_moe.experts.4.w3.weight_scale: MXFP4 scale byte 255", "offset 7"});
   auto no_check = Checkpoint::open(d, CheckpointOptions{.validate = false});
   EXPECT_TRUE(no_check.ok()) << no_check.status().message();
 }
@@ -288,8 +304,8 @@ TEST_F(CheckpointTest, ShardIndexConsistency) {
   json moved = idx;
   moved["weight_map"]["language_model.model.embed_tokens.weight"] = "model-00002-of-00002.safetensors";
   std::ofstream(idx_path, std::ios::trunc) << moved.dump();
-  expect_error(open_status(d), {"language_model.model.embed_tokens.weight", "model-00001-of-00002.safetensors",
-                                "model-00002-of-00002.safetensors"});
+  expect_error(open_status(d), {"language_model.model.embed_tokens.weight",
+                                "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"});
   // A shard that does not exist.
   std::ofstream(idx_path, std::ios::trunc) << idx.dump();
   fs::remove(d + "/model-00002-of-00002.safetensors");

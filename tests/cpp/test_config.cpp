@@ -18,7 +18,9 @@ json tiny_config(const char* model) {
   return json::parse(in);
 }
 
-Result<ModelConfig> parse(const json& j) { return parse_hf_config(j.dump(), "cfg.json"); }
+Result<ModelConfig> parse(const json& j) {
+  return parse_hf_config(j.dump(), "cfg.json");
+}
 
 // Applies `edit` to the text keys (text_config for K3) of a tiny config and expects a rejection
 // whose message contains every one of `parts`.
@@ -29,7 +31,8 @@ void expect_rejected(const char* model, const std::function<void(json&)>& edit,
   auto r = parse(j);
   ASSERT_FALSE(r.ok()) << model << ": accepted " << j.dump().substr(0, 80);
   for (const char* p : parts)
-    EXPECT_NE(r.status().message().find(p), std::string::npos) << "'" << p << "' not in: " << r.status().message();
+    EXPECT_NE(r.status().message().find(p), std::string::npos)
+        << "'" << p << "' not in: " << r.status().message();
 }
 
 TEST(Config, KimiLinearFlat) {
@@ -95,16 +98,20 @@ TEST(Config, K3NestedAndK31Dsa) {
 }
 
 TEST(Config, UnsupportedMoeValues) {
-  expect_rejected("tiny-kl", [](json& t) { t["num_expert_group"] = 2; }, {"num_expert_group = 2", "not supported"});
+  expect_rejected("tiny-kl", [](json& t) { t["num_expert_group"] = 2; },
+                  {"num_expert_group = 2", "not supported"});
   expect_rejected("tiny-k3", [](json& t) { t["topk_group"] = 4; }, {"text_config.topk_group = 4"});
   expect_rejected("tiny-kl", [](json& t) { t["moe_router_activation_func"] = "softmax"; },
                   {"moe_router_activation_func", "softmax"});
-  expect_rejected("tiny-k3", [](json& t) { t["topk_method"] = "greedy"; }, {"text_config.topk_method", "greedy"});
-  expect_rejected("tiny-kl", [](json& t) { t["num_experts_per_token"] = 9; }, {"num_experts_per_token = 9", "exceeds"});
+  expect_rejected("tiny-k3", [](json& t) { t["topk_method"] = "greedy"; },
+                  {"text_config.topk_method", "greedy"});
+  expect_rejected("tiny-kl", [](json& t) { t["num_experts_per_token"] = 9; },
+                  {"num_experts_per_token = 9", "exceeds"});
 }
 
 TEST(Config, UnsupportedModelValues) {
-  expect_rejected("tiny-kl", [](json& t) { t["tie_word_embeddings"] = true; }, {"tie_word_embeddings = true"});
+  expect_rejected("tiny-kl", [](json& t) { t["tie_word_embeddings"] = true; },
+                  {"tie_word_embeddings = true"});
   expect_rejected("tiny-k3", [](json& t) { t["num_nextn_predict_layers"] = 1; },
                   {"text_config.num_nextn_predict_layers = 1", "MTP"});
   expect_rejected("tiny-kl", [](json& t) { t["hidden_act"] = "gelu"; }, {"hidden_act = \"gelu\""});
@@ -113,7 +120,8 @@ TEST(Config, UnsupportedModelValues) {
   expect_rejected("tiny-kl", [](json& t) { t.erase("hidden_size"); }, {"missing key hidden_size"});
   expect_rejected("tiny-k3", [](json& t) { t["linear_attn_config"].erase("num_heads"); },
                   {"missing key text_config.linear_attn_config.num_heads"});
-  expect_rejected("tiny-kl", [](json& t) { t["num_hidden_layers"] = "six"; }, {"num_hidden_layers must be an integer"});
+  expect_rejected("tiny-kl", [](json& t) { t["num_hidden_layers"] = "six"; },
+                  {"num_hidden_layers must be an integer"});
   expect_rejected("tiny-kl", [](json& t) { t["hidden_size"] = -4; }, {"hidden_size = -4", "out of range"});
   json j = tiny_config("tiny-k3");
   j["quantization_config"]["format"] = "nvfp4-pack-quantized";
@@ -133,7 +141,10 @@ TEST(Config, LayerListsEachLayerExactlyOnce) {
                   {"layer 4 (1-based)", "more than one"});
   expect_rejected("tiny-k3", [](json& t) { t["linear_attn_config"]["full_attn_layers"] = {4}; },
                   {"layer 8 (1-based)", "neither"});
-  expect_rejected("tiny-kl", [](json& t) { t["linear_attn_config"]["full_attn_layers"] = {4, 7}; },
+  expect_rejected("tiny-kl",
+                  [](json& t) {
+                    t["linear_attn_config"]["full_attn_layers"] = {4, 7};
+                  },
                   {"full_attn_layers entry 7", "[1, 6]"});
 }
 
@@ -142,7 +153,8 @@ TEST(Config, DsaConfigRequiredKeysAndValues) {
                           "index_k_norm_type"})
     expect_rejected("tiny-k31", [&](json& t) { t["dsa_config"].erase(key); },
                     {"missing key text_config.dsa_config.", key});
-  expect_rejected("tiny-k31", [](json& t) { t["dsa_config"]["index_topk_freq"] = 2; }, {"index_topk_freq = 2"});
+  expect_rejected("tiny-k31", [](json& t) { t["dsa_config"]["index_topk_freq"] = 2; },
+                  {"index_topk_freq = 2"});
   expect_rejected("tiny-k31", [](json& t) { t["dsa_config"]["index_k_norm_type"] = "rmsnorm"; },
                   {"index_k_norm_type = \"rmsnorm\"", "layernorm"});
   expect_rejected("tiny-k31", [](json& t) { t["dsa_config"]["dsa_layers"] = {4}; },
