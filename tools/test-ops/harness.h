@@ -19,7 +19,11 @@
 //   K3_OP_CASES(linear_cases) { cases.push_back(std::make_unique<LinearCase>(...)); }
 // FnCase (below) builds a case from an init and a run closure; cases_norm.cpp shows it.
 // The cpu backend runs at every CPU level this machine has (cpu = best, cpu-avx512, cpu-portable), so the
-// portable fallback is always covered. Usage: test-ops test|perf|list [-o OP] [-b BACKEND] [-t THREADS].
+// portable fallback is always covered. Usage: test-ops test|perf|list [-o OP] [-b BACKEND] [-t THREADS]
+// [--seed N] [-v]. `test` runs the cases with perf() == false, prints failures (-v: every comparison) and
+// a last line "N passed, M failed"; it exits 1 when M > 0 or N == 0. `perf` runs the perf() == true cases
+// on every backend and prints time, GB/s, GFLOP/s and the speed-up over ref. Inputs come from a seed
+// derived from op + shape, so a failing case reproduces alone with -o.
 #pragma once
 
 #include <cstdint>
