@@ -20,8 +20,10 @@ namespace {
 
 class KdaCase : public OpCase {
  public:
-  KdaCase(bool recurrent, int64_t n_tok, int H, int K, int V, int chunk, bool kl_gate)
-      : recurrent_(recurrent), n_tok_(n_tok), H_(H), K_(K), V_(V), chunk_(chunk), kl_gate_(kl_gate) {}
+  KdaCase(bool recurrent, int64_t n_tok, int H, int K, int V, int chunk, bool kl_gate, bool perf = false)
+      : recurrent_(recurrent), n_tok_(n_tok), H_(H), K_(K), V_(V), chunk_(chunk), kl_gate_(kl_gate), perf_(perf) {}
+  bool perf() const override { return perf_; }
+  double flops() const override { return 8.0 * double(n_tok_) * H_ * K_ * V_; }  // the recurrence's count
   std::string op() const override { return recurrent_ ? "kda_recurrent" : "kda"; }
   std::string shape() const override {
     return "n_tok=" + std::to_string(n_tok_) + " H=" + std::to_string(H_) + " K=" + std::to_string(K_) +
@@ -81,7 +83,7 @@ class KdaCase : public OpCase {
   bool recurrent_;
   int64_t n_tok_;
   int H_, K_, V_, chunk_;
-  bool kl_gate_;
+  bool kl_gate_, perf_;
   std::vector<float> q_, k_, v_, g_, beta_, S0_;
 };
 
@@ -162,6 +164,9 @@ K3_OP_CASES(model_cases) {
     cases.push_back(std::make_unique<KdaCase>(false, 130, 2, 128, 128, 64, kl));
     for (int64_t n : {1, 17, 33}) cases.push_back(std::make_unique<KdaCase>(true, n, 3, 16, 24, 0, kl));
   }
+  // perf shapes: a 256-token prefill of 8 heads at K = V = 128, both forms
+  cases.push_back(std::make_unique<KdaCase>(false, 256, 8, 128, 128, 64, false, true));
+  cases.push_back(std::make_unique<KdaCase>(true, 256, 8, 128, 128, 0, false, true));
   for (int64_t n_q : {1, 17, 33})
     for (int64_t n_past : {0, 5, 127}) {
       cases.push_back(std::make_unique<AttentionCase>(AttnLayout::per_head, n_q, n_past, 3, 24, 16));
