@@ -31,6 +31,7 @@ struct RunArgs {
   int n_predict = -1;
   int64_t n_ctx = 4096;
   bool truncate = false, special = false, echo = false;
+  bool has_prompt = false;  // -p given (possibly empty)
 };
 
 void print_timing(const char* what, int64_t n, double seconds) {
@@ -39,7 +40,7 @@ void print_timing(const char* what, int64_t n, double seconds) {
 }
 
 Status run(const RunArgs& a) {
-  if (a.prompt.empty() == a.prompt_file.empty()) return error(Code::invalid_argument, "give one of -p or -f");
+  if (a.has_prompt == !a.prompt_file.empty()) return error(Code::invalid_argument, "give one of -p or -f");
   std::string text = a.prompt;
   if (!a.prompt_file.empty()) {
     std::ifstream f(a.prompt_file, std::ios::binary);
@@ -94,8 +95,8 @@ void add_run(CLI::App& app) {
   auto a = std::make_shared<RunArgs>();
   auto* cmd = app.add_subcommand("run", "continue a text prompt, streaming the output");
   add_model_options(cmd, &a->model);
-  cmd->add_option("-p,--prompt", a->prompt, "prompt text");
-  cmd->add_option("-f,--file", a->prompt_file, "read the prompt from a file");
+  auto* p = cmd->add_option("-p,--prompt", a->prompt, "prompt text");
+  cmd->add_option("-f,--file", a->prompt_file, "read the prompt from a file")->excludes(p);
   cmd->add_option("-n,--n-predict", a->n_predict, "tokens to generate; -1 = until a stop or the context is full");
   add_sampling_options(cmd, &a->sampling);
   cmd->add_option("--stop", a->stop, "stop string (repeatable); excluded from the output");
@@ -104,7 +105,8 @@ void add_run(CLI::App& app) {
   cmd->add_flag("--special", a->special, "special-token spellings in the prompt become their ids");
   cmd->add_flag("--echo", a->echo, "print the prompt before the continuation");
   cmd->add_option("--tokens-out", a->tokens_out, "write the generated ids to an int32 .npy file");
-  cmd->callback([a] {
+  cmd->callback([a, p] {
+    a->has_prompt = p->count() > 0;
     Status s = run(*a);
     if (!s.ok()) fail("run", s);
   });
