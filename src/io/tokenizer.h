@@ -20,8 +20,11 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
 
   // allow_special: special spellings in `text` ("<|im_end|>") become their ids; otherwise plain BPE.
+  // Invalid UTF-8 in `text` is first replaced as Python's bytes.decode("utf-8", "replace") does
+  // (docs/decisions.md tok.1); long inputs are cut by the Kimi guard (FORMATS.md §1.1). Thread-safe.
   virtual std::vector<int32_t> encode(std::string_view text, bool allow_special = false) const = 0;
-  // Concatenated token bytes (may end inside a UTF-8 character); specials render as their names.
+  // Concatenated token bytes (may end inside a UTF-8 character); specials render as their names;
+  // ids outside [0, n_vocab) render as nothing (token_bytes returns "").
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   virtual std::string token_bytes(int32_t id) const = 0;
 
