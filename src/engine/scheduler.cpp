@@ -20,6 +20,12 @@ int Scheduler::n_waiting() {
   return int(incoming_.size() + n_waiting_);
 }
 
+void Scheduler::cancel_all() {
+  take_incoming();
+  for (auto& r : running_) r->cancelled = true;
+  for (auto& r : waiting_) r->cancelled = true;
+}
+
 bool Scheduler::idle() { return running_.empty() && n_waiting() == 0; }
 
 void Scheduler::take_incoming() {
@@ -38,6 +44,11 @@ void Scheduler::take_incoming() {
 }
 
 void Scheduler::finish(Request& r, FinishReason why, const Status& err, bool keep) {
+  std::shared_ptr<Request> hold;  // the queues may hold the last reference
+  for (auto& p : running_)
+    if (p.get() == &r) hold = p;
+  for (auto& p : waiting_)
+    if (p.get() == &r) hold = p;
   if (r.phase == Request::Phase::prefill || r.phase == Request::Phase::decode) be_.stop(r, keep);
   r.phase = Request::Phase::done;
   std::erase_if(running_, [&](const auto& p) { return p.get() == &r; });

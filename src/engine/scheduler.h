@@ -64,6 +64,8 @@ class Scheduler {
   // One step; false when there was nothing to do.
   bool step();
   bool idle();
+  // Marks every queued and running request cancelled (they end at the next step). Scheduler thread.
+  void cancel_all();
   int n_running() const { return int(running_.size()); }
   int n_waiting();
   const SchedulerStats& stats() const { return stats_; }

@@ -1,0 +1,51 @@
+// server.h: the OpenAI-compatible HTTP server (cpp-httplib) in front of the scheduler (FORMATS.md §4).
+//
+//   GET  /health, /v1/models, /v1/models/{id}, /metrics (Prometheus text)
+//   POST /v1/chat/completions, /v1/completions (stream = SSE chunks, include_usage, [DONE]), /tokenize,
+//        /detokenize
+// Threads: httplib's workers parse requests, render prompts and submit Requests; one engine thread owns
+// the Scheduler, the PrefixCache and the Model and runs step() while there is work. Tokens come back to
+// the worker through a per-choice channel. A streaming client that goes away cancels its requests (their
+// pages are released at the next step). Client mistakes are 4xx with the OpenAI error object, never 5xx.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "cache/prefix_index.h"
+#include "core/status.h"
+#include "engine/scheduler.h"
+#include "io/chat.h"
+#include "io/tokenizer.h"
+#include "model/model.h"
+
+namespace k3::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::string api_key;            // "" = no auth
+  std::string model_id = "k3";
+  int64_t n_ctx = 4096;
+  bool cache = true;              // prefix cache on
+  CacheOptions cache_options;     // n_pages = 0: sized from n_ctx and the scheduler's max_running
+  SchedulerOptions sched;
+  size_t max_body_bytes = 16u << 20;
+};
+
+class Server {
+ public:
+  Server(Model& model, const Tokenizer& tok, const ChatTemplate& tmpl, ServerOptions opt);
+  ~Server();
+  // Binds and serves until stop(); the bound port is port() (useful with port 0).
+  Status run();
+  void stop();
+  int port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace k3::server
