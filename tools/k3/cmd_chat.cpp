@@ -18,6 +18,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "core/log.h"
 #include "engine/generate.h"
 #include "engine_args.h"
 #include "io/chat.h"
@@ -120,6 +121,7 @@ Status run(const ChatArgs& a) {
       fed.clear();
       go.n_cached = 0;
     }
+    K3_LOG_DEBUG("k3 chat: prompt %zu ids, %lld already in the state", prompt.size(), (long long)go.n_cached);
     auto parser = tmpl->make_parser(copt);
     Display display;
     std::vector<ChatEvent> events;
