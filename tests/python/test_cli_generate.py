@@ -206,3 +206,17 @@ def test_bench_decode_bytes_follow_the_checkpoint(k3_bin, root):
     row = [l for l in r.stdout.decode().splitlines() if l.startswith("| tg2")][0]
     got = float(row.split("|")[5])
     assert want < got < want * 1.05  # the state (KDA S, conv, 1-2 cached MLA rows) is small here
+
+
+def test_chat_with_the_embedded_model_ends_its_turn(k3_bin, root):
+    """models/k3-tiny was trained on K3-format conversations: a reply has a think channel, an answer, and
+    ends on <|end_of_msg|> well before -n; no marker reaches the user."""
+    model = root / "models" / "k3-tiny"
+    if not (model / "config.json").exists():
+        pytest.skip("models/k3-tiny is not present")
+    r = k3(k3_bin, "chat", "-m", model, "--temp", 0, "-n", 120, "-t", 2, input=b"What is the capital of France?\n")
+    out, err = r.stdout.decode(), r.stderr.decode()
+    assert out.strip(), err
+    assert "<|" not in out and "<|" not in err
+    assert "[thinking]" in err and "[/thinking]" in err
+    assert "reply cut" not in err  # stopped on the stop id, not on -n
