@@ -97,25 +97,42 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     for (size_t i = 0; i < z_.size(); ++i)
       if (z_[i] != kNegInf) cand_.emplace_back(z_[i], int32_t(i));
 
-    // top-k: the k best, sorted. top-p needs the sorted order too.
-    if (p.top_k > 0 && size_t(p.top_k) < cand_.size()) {
-      std::nth_element(cand_.begin(), cand_.begin() + p.top_k, cand_.end(), better);
-      cand_.resize(size_t(p.top_k));
+    // top-k: the k best, sorted.
+    size_t sorted = 0;  // cand_[0, sorted) is in `better` order
+    if (p.top_k > 0) {
+      if (size_t(p.top_k) < cand_.size()) {
+        std::nth_element(cand_.begin(), cand_.begin() + p.top_k, cand_.end(), better);
+        cand_.resize(size_t(p.top_k));
+      }
+      std::sort(cand_.begin(), cand_.end(), better);
+      sorted = cand_.size();
     }
-    if (p.top_k > 0 || p.top_p < 1.f) std::sort(cand_.begin(), cand_.end(), better);
     const float z_max = z_[size_t(chosen)];  // the best candidate always survives every cut
 
     if (p.top_p < 1.f) {
+      // Sort only as far as needed: the best m candidates, m growing x8 until their mass reaches top_p
+      // (the kept prefix is the same as with a full sort).
       double total = 0;
       for (const auto& c : cand_) total += std::exp(double(c.first) - z_max);
-      double cum = 0;
       size_t keep = cand_.size();
-      for (size_t i = 0; i < cand_.size(); ++i) {
-        cum += std::exp(double(cand_[i].first) - z_max) / total;
-        if (cum >= double(p.top_p)) {
+      for (size_t m = std::min<size_t>(64, cand_.size());; m = std::min(cand_.size(), m * 8)) {
+        if (m > sorted) {
+          if (m * 4 > cand_.size()) m = cand_.size();  // a full sort is cheaper than a heap this deep
+          if (m == cand_.size()) std::sort(cand_.begin(), cand_.end(), better);
+          else std::partial_sort(cand_.begin(), cand_.begin() + ptrdiff_t(m), cand_.end(), better);
+          sorted = m;
+        }
+        double cum = 0;
+        size_t i = 0;
+        for (; i < m; ++i) {
+          cum += std::exp(double(cand_[i].first) - z_max) / total;
+          if (cum >= double(p.top_p)) break;
+        }
+        if (i < m) {
           keep = i + 1;
           break;
         }
+        if (m == cand_.size()) break;
       }
       cand_.resize(keep);
     }

@@ -1,6 +1,7 @@
 // Sampler: exact expectations on hand-made logits (sampler.h gives the chain and its order).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -73,6 +74,20 @@ TEST(Sampler, TopPKeepsTheTokenThatCrossesTheBoundary) {
   EXPECT_EQ(kept(0.6f), (std::set<int32_t>{0, 1}));      // 0.5 < 0.6 <= 0.75: id 1 crosses, kept
   EXPECT_EQ(kept(0.8f), (std::set<int32_t>{0, 1, 2}));   // 0.875 reaches 0.8; id 3 ties id 2 but loses on id
   EXPECT_EQ(kept(1.0f), (std::set<int32_t>{0, 1, 2, 3}));
+}
+
+TEST(Sampler, TopPOverALargeFlatVocabularyKeepsTheLowestIdsOnTies) {
+  // 3000 equal logits, top-p 0.5: the kept set is ids 0..1499 (ties -> lower id), which needs the
+  // partial sort to grow well past its first 64 candidates.
+  SamplerParams p;
+  p.top_p = 0.5f;
+  p.seed = 17;
+  Sampler s(p);
+  const std::vector<float> z(3000, 0.25f);
+  int32_t hi = 0;
+  for (int i = 0; i < 1000; ++i) hi = std::max(hi, s.sample(z, {}));
+  EXPECT_LT(hi, 1500);
+  EXPECT_GT(hi, 1300);
 }
 
 TEST(Sampler, TopPRenormalizesOverTheKeptSet) {
