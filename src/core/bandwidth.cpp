@@ -65,9 +65,12 @@ int64_t l3_cache_bytes() {
     if (!(level >> lv) || !(size >> s) || lv != 3 || s.empty()) continue;
     int64_t v = std::atoll(s.c_str());
     const char unit = s.back();
-    if (unit == 'K') v <<= 10;
-    else if (unit == 'M') v <<= 20;
-    else if (unit == 'G') v <<= 30;
+    if (unit == 'K')
+      v <<= 10;
+    else if (unit == 'M')
+      v <<= 20;
+    else if (unit == 'G')
+      v <<= 30;
     return v;
   }
   return 0;

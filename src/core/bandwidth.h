@@ -20,13 +20,13 @@ namespace k3 {
 class ThreadPool;
 
 struct BandwidthOptions {
-  int64_t buffer_bytes = 0;     // 0 = max(4 * L3, 256 MiB), capped at 1/4 of available memory
-  double min_seconds = 0.25;    // keep making passes until this much time has gone by
+  int64_t buffer_bytes = 0;   // 0 = max(4 * L3, 256 MiB), capped at 1/4 of available memory
+  double min_seconds = 0.25;  // keep making passes until this much time has gone by
   int min_passes = 3;
 };
 
 struct BandwidthResult {
-  double bytes_per_s = 0;       // best pass
+  double bytes_per_s = 0;  // best pass
   double median_bytes_per_s = 0;
   int64_t buffer_bytes = 0;
   int n_threads = 1;

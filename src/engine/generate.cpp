@@ -59,9 +59,12 @@ std::string StopMatcher::flush() {
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::stop: return "stop";
-    case FinishReason::length: return "length";
-    case FinishReason::aborted: return "aborted";
+    case FinishReason::stop:
+      return "stop";
+    case FinishReason::length:
+      return "length";
+    case FinishReason::aborted:
+      return "aborted";
   }
   return "?";
 }
@@ -73,7 +76,8 @@ Result<GenerateResult> generate(const StepFn& step, const Tokenizer& tok, std::s
     return error(Code::invalid_argument, "generate: n_cached must leave at least one prompt id to feed");
   if (int64_t(prompt.size()) > opt.n_ctx)
     return error(Code::invalid_argument, "generate: the prompt has " + std::to_string(prompt.size()) +
-                                             " tokens, more than the context size " + std::to_string(opt.n_ctx));
+                                             " tokens, more than the context size " +
+                                             std::to_string(opt.n_ctx));
   GenerateResult r;
   std::vector<int32_t> history(prompt.begin(), prompt.end());
   std::vector<float> logits;
@@ -133,9 +137,9 @@ Result<std::vector<int32_t>> fit_to_context(std::vector<int32_t> prompt, int64_t
   if (n_ctx < 2) return error(Code::invalid_argument, "context size must be at least 2");
   if (int64_t(prompt.size()) < n_ctx) return prompt;
   if (!truncate)
-    return error(Code::invalid_argument,
-                 "the prompt is " + std::to_string(prompt.size()) + " tokens, which leaves no room in the " +
-                     std::to_string(n_ctx) + "-token context (-c); raise -c or pass --truncate");
+    return error(Code::invalid_argument, "the prompt is " + std::to_string(prompt.size()) +
+                                             " tokens, which leaves no room in the " + std::to_string(n_ctx) +
+                                             "-token context (-c); raise -c or pass --truncate");
   const int64_t half = n_ctx / 2;
   const int64_t reserve = n_predict < 0 ? half : std::clamp<int64_t>(n_predict, 1, half);
   prompt.erase(prompt.begin(), prompt.end() - (n_ctx - reserve));

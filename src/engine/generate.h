@@ -51,20 +51,20 @@ enum class FinishReason { stop, length, aborted };
 const char* finish_reason_name(FinishReason r);  // "stop" | "length" | "aborted"
 
 struct GenerateOptions {
-  int n_predict = -1;                    // most new tokens; -1 = until the context is full
-  int64_t n_ctx = 4096;                  // tokens the sequence may hold (prompt + generated ones fed back)
-  int64_t n_cached = 0;                  // leading prompt ids already in the state (< prompt size)
+  int n_predict = -1;    // most new tokens; -1 = until the context is full
+  int64_t n_ctx = 4096;  // tokens the sequence may hold (prompt + generated ones fed back)
+  int64_t n_cached = 0;  // leading prompt ids already in the state (< prompt size)
   std::vector<int32_t> stop_ids;
   std::vector<std::string> stop_strings;
 };
 
 struct GenerateResult {
-  std::vector<int32_t> tokens;           // generated ids, a stop id excluded
-  std::string text;                      // everything passed to on_token, concatenated
+  std::vector<int32_t> tokens;  // generated ids, a stop id excluded
+  std::string text;             // everything passed to on_token, concatenated
   FinishReason finish = FinishReason::length;
-  int32_t stop_id = -1;                  // the stop id that ended generation, if one did
-  int64_t n_prompt_eval = 0;             // ids fed by the prefill call
-  int64_t n_decode_eval = 0;             // single-id decode calls
+  int32_t stop_id = -1;       // the stop id that ended generation, if one did
+  int64_t n_prompt_eval = 0;  // ids fed by the prefill call
+  int64_t n_decode_eval = 0;  // single-id decode calls
   double t_prompt_s = 0, t_decode_s = 0, t_sample_s = 0;
 };
 

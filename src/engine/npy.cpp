@@ -44,9 +44,12 @@ Status parse_header(std::string_view dict, const std::string& name, std::string*
   *descr = std::string(d.substr(1, end - 1));
 
   std::string_view f = value_of(dict, "fortran_order");
-  if (f.starts_with("False")) *fortran = false;
-  else if (f.starts_with("True")) *fortran = true;
-  else return bad("has no 'fortran_order' True/False");
+  if (f.starts_with("False"))
+    *fortran = false;
+  else if (f.starts_with("True"))
+    *fortran = true;
+  else
+    return bad("has no 'fortran_order' True/False");
 
   std::string_view s = value_of(dict, "shape");
   if (s.empty() || s[0] != '(') return bad("has no 'shape' tuple");
@@ -139,9 +142,12 @@ Result<NpyArray> parse_npy(std::string_view bytes, const std::string& name) {
   K3_RETURN_IF_ERROR(parse_header(bytes.substr(header_at, header_len), name, &descr, &fortran, &a.shape));
   if (fortran) return bad("Fortran-order arrays are not supported (save with C order)");
   int item = 0;
-  if (descr == "<f4" || descr == "<i4") item = 4;
-  else if (descr == "<f8" || descr == "<i8") item = 8;
-  else return bad("dtype '" + descr + "' is not supported (float32/float64/int32/int64, little endian)");
+  if (descr == "<f4" || descr == "<i4")
+    item = 4;
+  else if (descr == "<f8" || descr == "<i8")
+    item = 8;
+  else
+    return bad("dtype '" + descr + "' is not supported (float32/float64/int32/int64, little endian)");
 
   const std::string_view data = bytes.substr(header_at + header_len);
   const int64_t n = a.numel();

@@ -24,9 +24,9 @@ enum class NpyType { f32, i32 };
 
 struct NpyArray {
   NpyType type = NpyType::f32;
-  std::vector<int64_t> shape;   // outermost first; {} = scalar
-  std::vector<float> f32;       // [numel] when type == f32
-  std::vector<int32_t> i32;     // [numel] when type == i32
+  std::vector<int64_t> shape;  // outermost first; {} = scalar
+  std::vector<float> f32;      // [numel] when type == f32
+  std::vector<int32_t> i32;    // [numel] when type == i32
   int64_t numel() const;
 };
 

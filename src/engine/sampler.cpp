@@ -62,7 +62,9 @@ Status validate(const SamplerParams& p, int32_t n_vocab) {
 
 Sampler::Sampler(SamplerParams params) : params_(std::move(params)), rng_(params_.seed) {}
 
-double Sampler::next_uniform() { return double(rng_() >> 11) * 0x1.0p-53; }
+double Sampler::next_uniform() {
+  return double(rng_() >> 11) * 0x1.0p-53;
+}
 
 void Sampler::apply_bias_and_penalties(std::span<float> z, std::span<const int32_t> history) const {
   const int64_t n_vocab = int64_t(z.size());
@@ -118,8 +120,10 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
       for (size_t m = std::min<size_t>(64, cand_.size());; m = std::min(cand_.size(), m * 8)) {
         if (m > sorted) {
           if (m * 4 > cand_.size()) m = cand_.size();  // a full sort is cheaper than a heap this deep
-          if (m == cand_.size()) std::sort(cand_.begin(), cand_.end(), better);
-          else std::partial_sort(cand_.begin(), cand_.begin() + ptrdiff_t(m), cand_.end(), better);
+          if (m == cand_.size())
+            std::sort(cand_.begin(), cand_.end(), better);
+          else
+            std::partial_sort(cand_.begin(), cand_.begin() + ptrdiff_t(m), cand_.end(), better);
           sorted = m;
         }
         double cum = 0;

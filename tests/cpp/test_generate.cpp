@@ -57,7 +57,7 @@ Sampler greedy() {
 TEST(StopMatcher, MatchesAcrossPiecesAndExcludesTheStop) {
   StopMatcher m({"o W"});
   std::string out = m.push("Hel");
-  out += m.push("lo");    // "o" could start the stop string: held back
+  out += m.push("lo");  // "o" could start the stop string: held back
   EXPECT_EQ(out, "Hell");
   out += m.push(" Wo");
   EXPECT_TRUE(m.stopped());
@@ -95,8 +95,10 @@ TEST(Generate, StopsOnAStopIdWithoutShowingIt) {
   GenerateOptions opt;
   opt.stop_ids = {0};
   std::string shown;
-  auto r = generate(model.fn(), tok, std::vector<int32_t>{7, 7}, opt, s,
-                    [&](int32_t, std::string_view t) { shown += t; return true; });
+  auto r = generate(model.fn(), tok, std::vector<int32_t>{7, 7}, opt, s, [&](int32_t, std::string_view t) {
+    shown += t;
+    return true;
+  });
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(r->tokens, (std::vector<int32_t>{1, 2, 5}));
   EXPECT_EQ(r->finish, FinishReason::stop);
@@ -156,8 +158,10 @@ TEST(Generate, SplitUtf8IsShownWhole) {
   GenerateOptions opt;
   opt.stop_ids = {0};
   std::vector<std::string> pieces;
-  auto r = generate(model.fn(), tok, std::vector<int32_t>{7}, opt, s,
-                    [&](int32_t, std::string_view t) { pieces.emplace_back(t); return true; });
+  auto r = generate(model.fn(), tok, std::vector<int32_t>{7}, opt, s, [&](int32_t, std::string_view t) {
+    pieces.emplace_back(t);
+    return true;
+  });
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(pieces, (std::vector<std::string>{"", "\xC3\xA9"}));
 }
@@ -204,8 +208,9 @@ TEST(Generate, FitToContext) {
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("10 tokens"), std::string::npos);
   EXPECT_NE(e.status().message().find("--truncate"), std::string::npos);
-  EXPECT_EQ(fit_to_context(p, 8, 3, true).value(), (std::vector<int32_t>{6, 7, 8, 9, 10}));   // keep 8 - 3
-  EXPECT_EQ(fit_to_context(p, 8, 100, true).value(), (std::vector<int32_t>{7, 8, 9, 10}));    // reserve <= n_ctx/2
+  EXPECT_EQ(fit_to_context(p, 8, 3, true).value(), (std::vector<int32_t>{6, 7, 8, 9, 10}));  // keep 8 - 3
+  EXPECT_EQ(fit_to_context(p, 8, 100, true).value(),
+            (std::vector<int32_t>{7, 8, 9, 10}));  // reserve <= n_ctx/2
   EXPECT_EQ(fit_to_context(p, 8, -1, true).value(), (std::vector<int32_t>{7, 8, 9, 10}));
 }
 

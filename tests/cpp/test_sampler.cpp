@@ -70,9 +70,9 @@ TEST(Sampler, TopPKeepsTheTokenThatCrossesTheBoundary) {
     for (int i = 0; i < 3000; ++i) ids.insert(s.sample(z, {}));
     return ids;
   };
-  EXPECT_EQ(kept(0.45f), (std::set<int32_t>{0}));        // 0.5 already reaches 0.45
-  EXPECT_EQ(kept(0.6f), (std::set<int32_t>{0, 1}));      // 0.5 < 0.6 <= 0.75: id 1 crosses, kept
-  EXPECT_EQ(kept(0.8f), (std::set<int32_t>{0, 1, 2}));   // 0.875 reaches 0.8; id 3 ties id 2 but loses on id
+  EXPECT_EQ(kept(0.45f), (std::set<int32_t>{0}));       // 0.5 already reaches 0.45
+  EXPECT_EQ(kept(0.6f), (std::set<int32_t>{0, 1}));     // 0.5 < 0.6 <= 0.75: id 1 crosses, kept
+  EXPECT_EQ(kept(0.8f), (std::set<int32_t>{0, 1, 2}));  // 0.875 reaches 0.8; id 3 ties id 2 but loses on id
   EXPECT_EQ(kept(1.0f), (std::set<int32_t>{0, 1, 2, 3}));
 }
 

@@ -13,7 +13,8 @@
 //          SeqState::bytes() averaged over the run)
 // fraction of bandwidth = bytes/step x steps / t / read bandwidth (core/bandwidth.h, same thread count).
 // The median of REPS runs is reported. --jsonl appends one JSON object per result: bench, commit (--commit
-// or $K3_COMMIT), machine ($K3_MACHINE or host + CPU), metric, value, unit, peer, peer_value, ratio, goal, met.
+// or $K3_COMMIT), machine ($K3_MACHINE or host + CPU), metric, value, unit, peer, peer_value, ratio, goal,
+// met.
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,8 +42,8 @@ struct BenchArgs {
   std::vector<int> batches = {1, 4};
   int reps = 3;
   std::string jsonl, bench = "k3_bench", commit;
-  double goal = 0.5;     // decode: wanted fraction of the read bandwidth
-  int64_t bw_mb = 0;     // 0 = automatic buffer size
+  double goal = 0.5;  // decode: wanted fraction of the read bandwidth
+  int64_t bw_mb = 0;  // 0 = automatic buffer size
 };
 
 double now_s() {
@@ -55,8 +56,8 @@ double median(std::vector<double> v) {
 }
 
 struct WeightBytes {
-  int64_t dense = 0;          // read once per step
-  int64_t expert_each = 0;    // sum over MoE layers of one routed expert's bytes
+  int64_t dense = 0;        // read once per step
+  int64_t expert_each = 0;  // sum over MoE layers of one routed expert's bytes
   int64_t embed_row = 0;
 };
 
@@ -66,9 +67,12 @@ WeightBytes weight_bytes(const Checkpoint& ck, const ModelConfig& c) {
   for (const std::string& name : ck.names()) {
     const TensorView* t = ck.find(name);
     if (!t) continue;
-    if (name == "model.embed_tokens.weight") w.embed_row = int64_t(t->nbytes) / std::max<int64_t>(t->dim(0), 1);
-    else if (name.find(".block_sparse_moe.experts.") != std::string::npos) experts += int64_t(t->nbytes);
-    else w.dense += int64_t(t->nbytes);
+    if (name == "model.embed_tokens.weight")
+      w.embed_row = int64_t(t->nbytes) / std::max<int64_t>(t->dim(0), 1);
+    else if (name.find(".block_sparse_moe.experts.") != std::string::npos)
+      experts += int64_t(t->nbytes);
+    else
+      w.dense += int64_t(t->nbytes);
   }
   w.expert_each = c.moe.n_expert > 0 ? experts / c.moe.n_expert : 0;
   return w;
@@ -90,7 +94,8 @@ std::string machine_name() {
       cpu = line.substr(line.find(':') + 2);
       break;
     }
-  return std::string(host) + " (" + cpu + ", " + std::to_string(std::thread::hardware_concurrency()) + " cpus)";
+  return std::string(host) + " (" + cpu + ", " + std::to_string(std::thread::hardware_concurrency()) +
+         " cpus)";
 }
 
 struct Row {
@@ -101,14 +106,16 @@ struct Row {
 
 Status run(const BenchArgs& a) {
   if (a.n_decode < 1 || a.reps < 1) return error(Code::invalid_argument, "-n and -r must be at least 1");
-  if (a.bw_mb < 0 || a.bw_mb > (int64_t(1) << 30)) return error(Code::invalid_argument, "--bw-mb out of range");
+  if (a.bw_mb < 0 || a.bw_mb > (int64_t(1) << 30))
+    return error(Code::invalid_argument, "--bw-mb out of range");
   for (int p : a.prompt_lens)
     if (p < 1) return error(Code::invalid_argument, "-p lengths must be positive");
   for (int b : a.batches)
     if (b < 1) return error(Code::invalid_argument, "-b batch sizes must be positive");
   K3_ASSIGN_OR_RETURN(Loaded l, load_model(a.model, /*with_tokenizer=*/false));
   const ModelConfig& c = l.model->config();
-  const int threads = a.model.threads > 0 ? a.model.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads =
+      a.model.threads > 0 ? a.model.threads : int(std::max(1u, std::thread::hardware_concurrency()));
 
   BandwidthOptions bo;
   bo.buffer_bytes = a.bw_mb << 20;
@@ -153,8 +160,10 @@ Status run(const BenchArgs& a) {
       const double t0 = now_s();
       for (int step = 0; step < a.n_decode; ++step) {
         for (auto& id : ids) id = any_id(rng);
-        if (b == 1) K3_RETURN_IF_ERROR(l.model->forward(*states[0], ids.data(), 1, &logits, false));
-        else K3_RETURN_IF_ERROR(l.model->forward_batch(ptrs, spans, &last));
+        if (b == 1)
+          K3_RETURN_IF_ERROR(l.model->forward(*states[0], ids.data(), 1, &logits, false));
+        else
+          K3_RETURN_IF_ERROR(l.model->forward_batch(ptrs, spans, &last));
       }
       t.push_back(now_s() - t0);
       state_bytes = 0.5 * (before + double(states[0]->bytes()));
@@ -194,15 +203,17 @@ Status run(const BenchArgs& a) {
     model = model.substr(model.find_last_of('/') + 1);
     const std::string cfg = " " + model + " " + a.model.precision + " t" + std::to_string(threads);
     auto line = [&](const std::string& metric, double value, const char* unit) {
-      nlohmann::ordered_json j = {{"bench", a.bench}, {"commit", commit}, {"machine", machine}, {"metric", metric},
-                          {"value", value},   {"unit", unit},     {"peer", nullptr},    {"peer_value", nullptr},
-                          {"ratio", nullptr}, {"goal", nullptr},  {"met", nullptr}};
+      nlohmann::ordered_json j = {{"bench", a.bench}, {"commit", commit},      {"machine", machine},
+                                  {"metric", metric}, {"value", value},        {"unit", unit},
+                                  {"peer", nullptr},  {"peer_value", nullptr}, {"ratio", nullptr},
+                                  {"goal", nullptr},  {"met", nullptr}};
       return j;
     };
     out << line("read bandwidth" + cfg, bw.bytes_per_s / 1e9, "GB/s").dump() << "\n";
     for (const Row& r : rows) {
-      nlohmann::ordered_json j = line((r.frac < 0 ? "prefill " : "decode ") + r.test + " b" + std::to_string(r.batch) + cfg,
-                              r.tok_s, "tokens/s");
+      nlohmann::ordered_json j =
+          line((r.frac < 0 ? "prefill " : "decode ") + r.test + " b" + std::to_string(r.batch) + cfg, r.tok_s,
+               "tokens/s");
       if (r.frac >= 0) {
         j["peer"] = "read-bandwidth roofline (bytes/step at the measured read bandwidth)";
         j["peer_value"] = r.tok_s / r.frac;

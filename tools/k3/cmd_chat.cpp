@@ -125,7 +125,8 @@ Status run(const ChatArgs& a) {
     auto parser = tmpl->make_parser(copt);
     Display display;
     std::vector<ChatEvent> events;
-    K3_ASSIGN_OR_RETURN(GenerateResult r, generate(step, *l.tok, prompt, go, sampler, [&](int32_t id, std::string_view) {
+    K3_ASSIGN_OR_RETURN(GenerateResult r,
+                        generate(step, *l.tok, prompt, go, sampler, [&](int32_t id, std::string_view) {
                           events.clear();
                           if (id >= 0) parser->push(id, events);
                           display.show(events);
@@ -140,8 +141,10 @@ Status run(const ChatArgs& a) {
     if (r.finish == FinishReason::length)
       std::fprintf(stderr, "k3 chat: reply cut at %zu tokens (-n or the context)\n", r.tokens.size());
     const ParsedOutput& out = parser->result();
-    history.push_back(
-        {.role = "assistant", .content = out.content, .reasoning = out.reasoning, .tool_calls = out.tool_calls});
+    history.push_back({.role = "assistant",
+                       .content = out.content,
+                       .reasoning = out.reasoning,
+                       .tool_calls = out.tool_calls});
   }
   return ok_status();
 }
@@ -155,7 +158,8 @@ void add_chat(CLI::App& app) {
   add_sampling_options(cmd, &a->sampling);
   cmd->add_option("--system", a->system, "system message");
   cmd->add_flag("--no-think", a->no_think, "thinking off (K3: the reply starts in the response channel)");
-  cmd->add_option("-n,--n-predict", a->n_predict, "most tokens per reply; -1 = until a stop or the context is full");
+  cmd->add_option("-n,--n-predict", a->n_predict,
+                  "most tokens per reply; -1 = until a stop or the context is full");
   cmd->add_option("-c,--ctx-size", a->n_ctx, "context size in tokens (default 4096)");
   cmd->add_option("--stop", a->stop, "stop string (repeatable)");
   cmd->add_flag("--show-prompt", a->show_prompt, "print each rendered prompt (markers by name) to stderr");

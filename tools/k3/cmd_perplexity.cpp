@@ -49,7 +49,8 @@ Status run(const PplArgs& a) {
   K3_ASSIGN_OR_RETURN(Loaded l, load_model(a.model, /*with_tokenizer=*/true));
   const std::vector<int32_t> ids = l.tok->encode(text, false);
   const int64_t N = int64_t(ids.size()), V = l.model->config().n_vocab;
-  if (N < 2) return error(Code::invalid_argument, a.file + ": needs at least 2 tokens, has " + std::to_string(N));
+  if (N < 2)
+    return error(Code::invalid_argument, a.file + ": needs at least 2 tokens, has " + std::to_string(N));
   int64_t n_windows = 0;
   for (int64_t b = 0;; b += stride) {
     ++n_windows;
@@ -78,9 +79,11 @@ Status run(const PplArgs& a) {
     prev_e = e;
     std::fprintf(stderr, "[%lld/%lld] scored %lld tokens, perplexity so far %.4f, %.1f tokens/s\n",
                  (long long)(k + 1), (long long)n_windows, (long long)n_scored,
-                 n_scored ? std::exp(sum_nll / double(n_scored)) : 0.0, double(n_fed) / std::max(seconds, 1e-9));
+                 n_scored ? std::exp(sum_nll / double(n_scored)) : 0.0,
+                 double(n_fed) / std::max(seconds, 1e-9));
   }
-  if (n_scored == 0) return error(Code::invalid_argument, "no token was scored (stride equals a 1-token window?)");
+  if (n_scored == 0)
+    return error(Code::invalid_argument, "no token was scored (stride equals a 1-token window?)");
   std::printf("perplexity: %.6f\n", std::exp(sum_nll / double(n_scored)));
   return ok_status();
 }

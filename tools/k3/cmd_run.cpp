@@ -74,7 +74,8 @@ Status run(const RunArgs& a) {
     std::fflush(stdout);
   }
   Sampler sampler(sp);
-  K3_ASSIGN_OR_RETURN(GenerateResult r, generate(step, *l.tok, prompt, go, sampler, [](int32_t, std::string_view t) {
+  K3_ASSIGN_OR_RETURN(GenerateResult r,
+                      generate(step, *l.tok, prompt, go, sampler, [](int32_t, std::string_view t) {
                         std::fwrite(t.data(), 1, t.size(), stdout);
                         std::fflush(stdout);
                         return true;
@@ -97,7 +98,8 @@ void add_run(CLI::App& app) {
   add_model_options(cmd, &a->model);
   auto* p = cmd->add_option("-p,--prompt", a->prompt, "prompt text");
   cmd->add_option("-f,--file", a->prompt_file, "read the prompt from a file")->excludes(p);
-  cmd->add_option("-n,--n-predict", a->n_predict, "tokens to generate; -1 = until a stop or the context is full");
+  cmd->add_option("-n,--n-predict", a->n_predict,
+                  "tokens to generate; -1 = until a stop or the context is full");
   add_sampling_options(cmd, &a->sampling);
   cmd->add_option("--stop", a->stop, "stop string (repeatable); excluded from the output");
   cmd->add_option("-c,--ctx-size", a->n_ctx, "context size in tokens (default 4096)");

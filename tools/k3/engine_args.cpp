@@ -39,7 +39,8 @@ void add_sampling_options(CLI::App* cmd, SamplingArgs* a) {
   cmd->add_option("--top-p", a->top_p, "top-p; 1 = off (default 0.95)");
   cmd->add_option("--min-p", a->min_p, "min-p; 0 = off (default 0.05)");
   cmd->add_option("--repeat-penalty", a->repeat_penalty, "repeat penalty; 1 = off (default 1.0)");
-  cmd->add_option("--repeat-last-n", a->repeat_last_n, "tokens the penalty looks back; -1 = all (default 64)");
+  cmd->add_option("--repeat-last-n", a->repeat_last_n,
+                  "tokens the penalty looks back; -1 = all (default 64)");
   cmd->add_option("-s,--seed", a->seed, "RNG seed; -1 = random (default)");
 }
 

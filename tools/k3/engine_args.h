@@ -29,8 +29,8 @@ struct ModelArgs {
 void add_model_options(CLI::App* cmd, ModelArgs* a);
 
 struct Loaded {
-  std::unique_ptr<Checkpoint> ckpt;    // outlives `model` (declared first, destroyed last)
-  std::unique_ptr<Tokenizer> tok;      // null when not asked for
+  std::unique_ptr<Checkpoint> ckpt;  // outlives `model` (declared first, destroyed last)
+  std::unique_ptr<Tokenizer> tok;    // null when not asked for
   std::unique_ptr<Model> model;
 };
 Result<Loaded> load_model(const ModelArgs& a, bool with_tokenizer);
