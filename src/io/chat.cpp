@@ -6,6 +6,7 @@
 
 #include "io/chat_k2.h"
 #include "io/chat_k3.h"
+#include "io/utf8.h"
 
 namespace k3 {
 
@@ -277,32 +278,6 @@ size_t utf8_complete_prefix(std::string_view b) {
   return n;
 }
 
-std::string utf8_sanitize(std::string_view b) {
-  std::string out;
-  out.reserve(b.size());
-  size_t i = 0;
-  while (i < b.size()) {
-    unsigned char c = static_cast<unsigned char>(b[i]);
-    int len = utf8_len(c);
-    bool ok = len > 0 && i + len <= b.size();
-    for (int k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(b[i + k]) & 0xC0) == 0x80;
-    if (ok && len == 3) {
-      unsigned char c1 = static_cast<unsigned char>(b[i + 1]);
-      ok = !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0);  // overlong, surrogates
-    }
-    if (ok && len == 4) {
-      unsigned char c1 = static_cast<unsigned char>(b[i + 1]);
-      ok = !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90);
-    }
-    if (ok) {
-      out.append(b.substr(i, len));
-      i += len;
-    } else {
-      out += "\xEF\xBF\xBD";
-      i += 1;
-    }
-  }
-  return out;
-}
+std::string utf8_sanitize(std::string_view b) { return utf8::sanitize(b); }
 
 }  // namespace k3

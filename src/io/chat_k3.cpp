@@ -2,6 +2,10 @@
 // strings the model was trained on; they must match encoding_k3.py byte for byte.
 #include "io/chat_k3.h"
 
+#include <algorithm>
+
+#include "io/utf8.h"
+
 namespace k3 {
 
 namespace {
@@ -14,13 +18,20 @@ constexpr const char* kEffortText =
 constexpr const char* kRawJsonText =
     "Your response must be raw JSON data without markdown code blocks (```json) or any additional formatting.";
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
-
+// Python str.strip(): Unicode whitespace (str.isspace) at both ends; ill-formed bytes are not space.
 std::string strip(std::string_view s) {
-  size_t b = 0, e = s.size();
-  while (b < e && is_space(s[b])) ++b;
-  while (e > b && is_space(s[e - 1])) --e;
-  return std::string(s.substr(b, e - b));
+  size_t begin = s.size(), end = 0;
+  for (size_t i = 0; i < s.size();) {
+    utf8::Seq q = utf8::scan(s, i);
+    size_t j = i;
+    bool space = q.valid && utf8::python_isspace(utf8::next(s, j));
+    if (!space) {
+      begin = std::min(begin, i);
+      end = i + q.len;
+    }
+    i += q.len;
+  }
+  return begin < end ? std::string(s.substr(begin, end - begin)) : std::string();
 }
 
 const char* xtml_type(const ojson& v) {

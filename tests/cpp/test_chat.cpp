@@ -82,7 +82,7 @@ TEST_F(K3Chat, MultiTurnReasoningHistory) {
   Message a1 = msg("assistant", "4");
   a1.reasoning = "simple arithmetic";
   Message a2 = msg("assistant", "6");
-  a2.reasoning = "  \n ";  // whitespace-only reasoning: the think channel stays empty
+  a2.reasoning = "  \n\xE3\x80\x80 ";  // whitespace only (U+3000 too, Python isspace): empty think channel
   std::string t = text({msg("user", "2+2?"), a1, msg("user", "and 3+3?"), a2}, o);
   EXPECT_EQ(t.substr(0, t.find("<|open|>message role=\"user\"")),
             "<|open|>message role=\"system\" type=\"thinking-effort\"<|sep|>" +
