@@ -14,8 +14,8 @@ std::vector<float> bind_attn_res_query(Binder& b, const std::string& base, int64
   return norm;
 }
 
-void attn_res_mix(const Ctx& c, const std::vector<const float*>& sources, const float* q, float eps, int64_t n_tok,
-                  int64_t d_model, float* out) {
+void attn_res_mix(const Ctx& c, const std::vector<const float*>& sources, const float* q, float eps,
+                  int64_t n_tok, int64_t d_model, float* out) {
   const size_t n = sources.size();
   std::vector<float> s(n);
   for (int64_t t = 0; t < n_tok; ++t) {

@@ -19,7 +19,7 @@ namespace k3 {
 std::vector<float> bind_attn_res_query(Binder& b, const std::string& base, int64_t d_model);
 
 // sources: n arrays [n_tok, D] (the stored blocks, then the partial sum); out: [n_tok, D].
-void attn_res_mix(const Ctx& c, const std::vector<const float*>& sources, const float* q, float eps, int64_t n_tok,
-                  int64_t d_model, float* out);
+void attn_res_mix(const Ctx& c, const std::vector<const float*>& sources, const float* q, float eps,
+                  int64_t n_tok, int64_t d_model, float* out);
 
 }  // namespace k3

@@ -7,14 +7,17 @@ namespace k3 {
 
 void read_f32(const TensorView& t, int64_t offset, int64_t n, float* out) {
   switch (t.dtype) {
-    case DType::f32: std::memcpy(out, t.as<float>() + offset, size_t(n) * 4); break;
+    case DType::f32:
+      std::memcpy(out, t.as<float>() + offset, size_t(n) * 4);
+      break;
     case DType::bf16:
       for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(t.as<uint16_t>()[offset + i]);
       break;
     case DType::f16:
       for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(t.as<uint16_t>()[offset + i]);
       break;
-    default: K3_ASSERT(!"read_f32: unsupported dtype");
+    default:
+      K3_ASSERT(!"read_f32: unsupported dtype");
   }
 }
 
@@ -38,9 +41,11 @@ LinearWeight Binder::linear(const std::string& name, int64_t out, int64_t in) {
       fail(error(Code::not_found, "missing tensor " + full + ".weight_scale"));
       return W;
     }
-    const int64_t o = packed->ndim() == 2 ? packed->dim(0) : -1, i2 = packed->ndim() == 2 ? packed->dim(1) : -1;
+    const int64_t o = packed->ndim() == 2 ? packed->dim(0) : -1,
+                  i2 = packed->ndim() == 2 ? packed->dim(1) : -1;
     if (packed->dtype != DType::u8 || scale->dtype != DType::u8 || o < 0 || scale->ndim() != 2 ||
-        scale->dim(0) != o || scale->dim(1) * 16 != i2 || (out >= 0 && o != out) || (in >= 0 && 2 * i2 != in)) {
+        scale->dim(0) != o || scale->dim(1) * 16 != i2 || (out >= 0 && o != out) ||
+        (in >= 0 && 2 * i2 != in)) {
       fail(error(Code::bad_file, "bad MXFP4 tensor " + full + ": packed " + describe(*packed) + ", scale " +
                                      describe(*scale)));
       return W;

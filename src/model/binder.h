@@ -23,7 +23,7 @@ class Binder {
  public:
   Binder(const Checkpoint& ckpt, std::string prefix) : ckpt_(ckpt), prefix_(std::move(prefix)) {}
 
-  bool has(const std::string& name) const;          // `prefix + name` or its `.weight_packed` form
+  bool has(const std::string& name) const;            // `prefix + name` or its `.weight_packed` form
   const TensorView* tensor(const std::string& name);  // records not_found when absent
   // `name` is the module name without ".weight" ("self_attn.q_proj"); out/in < 0: accept any.
   LinearWeight linear(const std::string& name, int64_t out, int64_t in);

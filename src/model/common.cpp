@@ -15,8 +15,8 @@ void Ctx::cb(const char* name, int layer, const float* x, int64_t n) const {
     for (int64_t i = 0; i < n; ++i) {
       if (!std::isfinite(x[i])) {
         char buf[160];
-        std::snprintf(buf, sizeof buf, "non-finite activation in layer %d tensor '%s' at element %lld", layer, name,
-                      (long long)i);
+        std::snprintf(buf, sizeof buf, "non-finite activation in layer %d tensor '%s' at element %lld", layer,
+                      name, (long long)i);
         *guard = error(Code::internal, buf);
         break;
       }
@@ -40,7 +40,8 @@ void rms_norm(const Ctx& c, const float* x, const float* w, float eps, int64_t n
   }
 }
 
-void layer_norm(const float* x, const float* w, const float* b, float eps, int64_t n_tok, int64_t d, float* y) {
+void layer_norm(const float* x, const float* w, const float* b, float eps, int64_t n_tok, int64_t d,
+                float* y) {
   for (int64_t t = 0; t < n_tok; ++t) {
     const float* xt = x + t * d;
     float* yt = y + t * d;

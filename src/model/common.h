@@ -29,8 +29,8 @@ using TraceFn = std::function<void(const char* name, int layer, const float* dat
 struct Ctx {
   Precision prec = Precision::fp32;
   ThreadPool* pool = nullptr;
-  const TraceFn* trace = nullptr;   // optional: named intermediates per layer
-  Status* guard = nullptr;          // debug builds: first non-finite activation found (layer + name)
+  const TraceFn* trace = nullptr;  // optional: named intermediates per layer
+  Status* guard = nullptr;         // debug builds: first non-finite activation found (layer + name)
 
   bool bf16() const { return prec == Precision::bf16; }
   void rnd(float* x, int64_t n) const {
@@ -40,13 +40,18 @@ struct Ctx {
   void cb(const char* name, int layer, const float* x, int64_t n) const;
 };
 
-inline float sigmoidf(float x) { return 1.f / (1.f + std::exp(-x)); }
-inline float siluf(float x) { return x / (1.f + std::exp(-x)); }
+inline float sigmoidf(float x) {
+  return 1.f / (1.f + std::exp(-x));
+}
+inline float siluf(float x) {
+  return x / (1.f + std::exp(-x));
+}
 
 // x, y: [n_tok, d]; w: [d] fp32 (bf16 values in a bf16 checkpoint). y may alias x.
 void rms_norm(const Ctx& c, const float* x, const float* w, float eps, int64_t n_tok, int64_t d, float* y);
 // fp32 LayerNorm with gain and bias; y may alias x. No rounding (the caller rounds).
-void layer_norm(const float* x, const float* w, const float* b, float eps, int64_t n_tok, int64_t d, float* y);
+void layer_norm(const float* x, const float* w, const float* b, float eps, int64_t n_tok, int64_t d,
+                float* y);
 // x: [n, d] in place: x <- x / sqrt(sum(x^2) + eps) * scale.
 void l2norm_scaled(float* x, int64_t n, int64_t d, float eps, float scale);
 
@@ -54,7 +59,7 @@ void l2norm_scaled(float* x, int64_t n, int64_t d, float eps, float scale);
 void linear(const Ctx& c, const LinearWeight& W, const float* x, int64_t n_tok, std::vector<float>& y);
 // The same, into a caller-provided buffer [n_tok, W.out]; `round` false keeps the fp32 output. In bf16 mode
 // x must hold bf16-rounded values (the bf16 dot path is used) unless `x_exact` is set.
-void linear_into(const Ctx& c, const LinearWeight& W, const float* x, int64_t n_tok, float* y, bool round = true,
-                 bool x_exact = false);
+void linear_into(const Ctx& c, const LinearWeight& W, const float* x, int64_t n_tok, float* y,
+                 bool round = true, bool x_exact = false);
 
 }  // namespace k3

@@ -18,7 +18,8 @@ Status bind_dsa(Binder& b, const ModelConfig& cfg, DsaWeights* w) {
 }
 
 bool dsa_select(const Ctx& c, const ModelConfig& cfg, const DsaWeights& w, const float* cq, const float* x,
-                int64_t n_past, int64_t n_tok, std::vector<float>& index_k, std::vector<int32_t>* sel, int layer) {
+                int64_t n_past, int64_t n_tok, std::vector<float>& index_k, std::vector<int32_t>* sel,
+                int layer) {
   const int64_t Hi = cfg.dsa.n_head, Di = cfg.dsa.d_head, topk = cfg.dsa.topk;
   std::vector<float> kI;
   linear(c, w.wk, x, n_tok, kI);

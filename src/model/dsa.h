@@ -18,10 +18,10 @@
 namespace k3 {
 
 struct DsaWeights {
-  LinearWeight wq_b;                       // [Hi*Di, q_lora_rank]
-  LinearWeight wk;                         // [Di, D]
-  LinearWeight weights_proj;               // [Hi, D]
-  std::vector<float> k_norm_w, k_norm_b;   // [Di]
+  LinearWeight wq_b;                      // [Hi*Di, q_lora_rank]
+  LinearWeight wk;                        // [Di, D]
+  LinearWeight weights_proj;              // [Hi, D]
+  std::vector<float> k_norm_w, k_norm_b;  // [Di]
 };
 
 Status bind_dsa(Binder& b, const ModelConfig& cfg, DsaWeights* w);
@@ -30,6 +30,7 @@ Status bind_dsa(Binder& b, const ModelConfig& cfg, DsaWeights* w);
 // [n_tok, topk] with selected positions (-1 padded). Returns false (sel untouched) when every query sees at
 // most topk positions, i.e. the attention is dense.
 bool dsa_select(const Ctx& c, const ModelConfig& cfg, const DsaWeights& w, const float* cq, const float* x,
-                int64_t n_past, int64_t n_tok, std::vector<float>& index_k, std::vector<int32_t>* sel, int layer);
+                int64_t n_past, int64_t n_tok, std::vector<float>& index_k, std::vector<int32_t>* sel,
+                int layer);
 
 }  // namespace k3

@@ -2,8 +2,10 @@
 //
 //   out = down(act(gate x, up x))
 //   silu (KL):  h = bf16(silu(g) u)
-//   situ (K3):  a = b1 tanh(g / b1) sigmoid(g);  b = b2 tanh(u / b2) (b = u without activation_situ_linear_beta)
-//               h = bf16(a b)                                           b1 = 4, b2 = 25 in the released configs
+//   situ (K3):  a = b1 tanh(g / b1) sigmoid(g);  b = b2 tanh(u / b2) (b = u without
+//   activation_situ_linear_beta)
+//               h = bf16(a b)                                           b1 = 4, b2 = 25 in the released
+//               configs
 // g and u are the bf16-rounded projection outputs; the activation itself runs in fp32.
 #pragma once
 
@@ -26,6 +28,7 @@ Status bind_ffn(Binder& b, const char* gate, const char* up, const char* down, i
 // g <- act(g, u) over n values (then the bf16 rounding point).
 void glu_act(const Ctx& c, const ModelConfig& cfg, float* g, const float* u, int64_t n);
 // x: [n_tok, d_in] -> out: [n_tok, d_in]
-void ffn_forward(const Ctx& c, const ModelConfig& cfg, const FfnWeights& w, const float* x, int64_t n_tok, float* out);
+void ffn_forward(const Ctx& c, const ModelConfig& cfg, const FfnWeights& w, const float* x, int64_t n_tok,
+                 float* out);
 
 }  // namespace k3

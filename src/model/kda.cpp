@@ -33,7 +33,8 @@ Status bind_kda(Binder& b, const ModelConfig& cfg, KdaWeights* w) {
   if (int64_t(w->A_log.size()) < H)
     return error(Code::bad_file, b.prefix() + "A_log has fewer than " + std::to_string(H) + " entries");
   for (size_t i = size_t(H); i < w->A_log.size(); ++i)
-    if (w->A_log[i] != 0.f) return error(Code::bad_file, b.prefix() + "A_log has a nonzero tail beyond the heads");
+    if (w->A_log[i] != 0.f)
+      return error(Code::bad_file, b.prefix() + "A_log has a nonzero tail beyond the heads");
   w->A_log.resize(size_t(H));
   return ok_status();
 }
@@ -118,9 +119,12 @@ void kda_forward(const Ctx& c, const ModelConfig& cfg, const KdaWeights& w, cons
     p.S = s.st->S.data();
     p.o = &o[r * HK];
     p.chunk = ex.chunk;
-    if (ex.reference) kda_ref(p);
-    else if (ex.recurrent || s.n_tok == 1) kda_recurrent_cpu(p, c.pool);
-    else kda_chunk_cpu(p, c.pool);
+    if (ex.reference)
+      kda_ref(p);
+    else if (ex.recurrent || s.n_tok == 1)
+      kda_recurrent_cpu(p, c.pool);
+    else
+      kda_chunk_cpu(p, c.pool);
   }
   c.rnd(o.data(), int64_t(o.size()));
   c.cb("kda_o", layer, o.data(), int64_t(o.size()));

@@ -22,21 +22,22 @@
 namespace k3 {
 
 struct KdaWeights {
-  LinearWeight q_proj, k_proj, v_proj;      // [H*K, D]
+  LinearWeight q_proj, k_proj, v_proj;        // [H*K, D]
   std::vector<float> q_conv, k_conv, v_conv;  // [H*K, W] (checkpoint [H*K, 1, W]); tap W-1 = current token
-  LinearWeight f_a_proj, f_b_proj;          // [r, D], [H*K, r]
-  std::vector<float> dt_bias;               // [H*K]
-  std::vector<float> A_log;                 // [H] (K3 tail checked zero and dropped)
-  LinearWeight b_proj;                      // [H, D]
-  LinearWeight g_proj;                      // [H*K, D] (full-rank gate, K3)
-  LinearWeight g_a_proj, g_b_proj;          // [r, D], [H*K, r] (KL)
-  std::vector<float> o_norm;                // [K]
-  LinearWeight o_proj;                      // [D, H*K]
+  LinearWeight f_a_proj, f_b_proj;            // [r, D], [H*K, r]
+  std::vector<float> dt_bias;                 // [H*K]
+  std::vector<float> A_log;                   // [H] (K3 tail checked zero and dropped)
+  LinearWeight b_proj;                        // [H, D]
+  LinearWeight g_proj;                        // [H*K, D] (full-rank gate, K3)
+  LinearWeight g_a_proj, g_b_proj;            // [r, D], [H*K, r] (KL)
+  std::vector<float> o_norm;                  // [K]
+  LinearWeight o_proj;                        // [D, H*K]
 };
 
 struct KdaState {
-  std::vector<float> S;     // [H, K, V] fp32
-  std::vector<float> conv;  // [3, W-1, H*K]: the last W-1 pre-conv q~, k~, v~ rows, oldest first (zeros at start)
+  std::vector<float> S;  // [H, K, V] fp32
+  std::vector<float>
+      conv;  // [3, W-1, H*K]: the last W-1 pre-conv q~, k~, v~ rows, oldest first (zeros at start)
 };
 
 struct KdaExec {

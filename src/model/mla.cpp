@@ -24,11 +24,13 @@ Status bind_mla(Binder& b, const ModelConfig& cfg, bool dsa, MlaWeights* w) {
   w->kv_b = b.tensor("kv_b_proj.weight");
   w->o_proj = b.linear("o_proj", D, nh * m.d_v);
   if (m.use_output_gate) w->g_proj = b.linear("g_proj", nh * m.d_v, D);
-  if (w->kv_b && w->kv_b->dtype != DType::bf16 && w->kv_b->dtype != DType::f16 && w->kv_b->dtype != DType::f32)
+  if (w->kv_b && w->kv_b->dtype != DType::bf16 && w->kv_b->dtype != DType::f16 &&
+      w->kv_b->dtype != DType::f32)
     b.fail(error(Code::unsupported, b.prefix() + "kv_b_proj.weight: dtype must be bf16, f16 or f32"));
   w->has_dsa = dsa;
   if (dsa) {
-    if (m.q_lora_rank <= 0) b.fail(error(Code::bad_file, "DSA layers need q_lora_rank (the indexer reads c^Q)"));
+    if (m.q_lora_rank <= 0)
+      b.fail(error(Code::bad_file, "DSA layers need q_lora_rank (the indexer reads c^Q)"));
     K3_RETURN_IF_ERROR(b.status());
     K3_RETURN_IF_ERROR(bind_dsa(b, cfg, &w->dsa));
   }
@@ -39,8 +41,8 @@ namespace {
 
 // Unabsorbed attention of one sequence: every cached row is expanded, [k_nope_h | v_h] = kv_b_proj c_s and
 // k_h = [k_nope_h | r_s]; q: [n_tok, nh, d_qk] -> z: [n_tok, nh, d_v].
-void attend_unabsorbed(const Ctx& c, const MlaConfig& m, const MlaWeights& w, const MlaState& st, AttentionParams p,
-                       const float* q, float* z) {
+void attend_unabsorbed(const Ctx& c, const MlaConfig& m, const MlaWeights& w, const MlaState& st,
+                       AttentionParams p, const float* q, float* z) {
   const int64_t nh = m.n_head, dqk = m.d_qk(), R = m.kv_lora_rank, dl = m.d_latent(), n_ctx = p.n_kv;
   const int64_t wkv = m.d_nope + m.d_v;
   std::vector<float> lat(size_t(n_ctx * R)), kvb, K(size_t(n_ctx * nh * dqk));
@@ -138,7 +140,8 @@ void mla_forward(const Ctx& c, const ModelConfig& cfg, const MlaWeights& w, std:
     for (int64_t h = 0; h < nh; ++h) {
       LinearWeight Wuv = w.kv_b_proj;  // rows [h*wkv + d_nope, (h+1)*wkv)
       Wuv.out = m.d_v;
-      Wuv.w = static_cast<const char*>(w.kv_b_proj.w) + size_t((h * wkv + m.d_nope) * R) * dtype_size(Wuv.dtype);
+      Wuv.w =
+          static_cast<const char*>(w.kv_b_proj.w) + size_t((h * wkv + m.d_nope) * R) * dtype_size(Wuv.dtype);
       for (int64_t i = 0; i < n_abs; ++i) std::copy_n(&zh[size_t((i * nh + h) * R)], R, &xin[size_t(i * R)]);
       linear_into(c, Wuv, xin.data(), n_abs, zo.data(), /*round=*/false, /*x_exact=*/true);
       for (int64_t i = 0; i < n_abs; ++i)

@@ -1,11 +1,13 @@
 // mla.h: gated MLA without positions (MODEL.md §5), with the K3.1 DSA index set (§6), one layer.
 //
-//   q = q_b_proj RMSNorm(q_a_proj x; eps 1e-6)  (K3)  |  q_proj x  (KL)      q_h = [q_nope (d_nope) | q_r (d_rope)]
-//   [c~ | r] = kv_a_proj_with_mqa x;  c = RMSNorm(c~; kv_a_layernorm, eps 1e-6)   cache row [c | r] (d_latent)
-//   unabsorbed: [k_nope_h | v_h] = kv_b_proj c  per cached row;  k_h = [k_nope_h | r] (r shared, not rotated)
+//   q = q_b_proj RMSNorm(q_a_proj x; eps 1e-6)  (K3)  |  q_proj x  (KL)      q_h = [q_nope (d_nope) | q_r
+//   (d_rope)] [c~ | r] = kv_a_proj_with_mqa x;  c = RMSNorm(c~; kv_a_layernorm, eps 1e-6)   cache row [c | r]
+//   (d_latent) unabsorbed: [k_nope_h | v_h] = kv_b_proj c  per cached row;  k_h = [k_nope_h | r] (r shared,
+//   not rotated)
 //               z_h = softmax_{s in S_t}(q_h . k_h,s / sqrt(d_qk)) v_h
-//   absorbed:   q^_h = [W_UK_h^T q_nope_h | q_r_h];  z^_h = softmax(q^_h . cache_s / sqrt(d_qk)) c_s;  z_h = W_UV_h z^_h
-//   o = concat_h z_h;  o *= sigmoid(g_proj x) (K3 output gate, reads the layer input);  out = o_proj o
+//   absorbed:   q^_h = [W_UK_h^T q_nope_h | q_r_h];  z^_h = softmax(q^_h . cache_s / sqrt(d_qk)) c_s;  z_h =
+//   W_UV_h z^_h o = concat_h z_h;  o *= sigmoid(g_proj x) (K3 output gate, reads the layer input);  out =
+//   o_proj o
 // The two paths are equal in real arithmetic. S_t: causal, or the DSA selection (dsa.h).
 #pragma once
 
@@ -20,16 +22,16 @@
 namespace k3 {
 
 struct MlaWeights {
-  LinearWeight q_proj;                   // [n_head*d_qk, D] (KL)
-  LinearWeight q_a_proj;                 // [q_lora_rank, D] (K3)
-  std::vector<float> q_a_layernorm;      // [q_lora_rank]
-  LinearWeight q_b_proj;                 // [n_head*d_qk, q_lora_rank]
-  LinearWeight kv_a_proj_with_mqa;       // [kv_lora_rank + d_rope, D]
-  std::vector<float> kv_a_layernorm;     // [kv_lora_rank]
-  LinearWeight kv_b_proj;                // [n_head*(d_nope + d_v), kv_lora_rank]
-  const TensorView* kv_b = nullptr;      // the same tensor, read row-wise for W_UK^T (absorbed path)
-  LinearWeight o_proj;                   // [D, n_head*d_v]
-  LinearWeight g_proj;                   // [n_head*d_v, D] (output gate)
+  LinearWeight q_proj;                // [n_head*d_qk, D] (KL)
+  LinearWeight q_a_proj;              // [q_lora_rank, D] (K3)
+  std::vector<float> q_a_layernorm;   // [q_lora_rank]
+  LinearWeight q_b_proj;              // [n_head*d_qk, q_lora_rank]
+  LinearWeight kv_a_proj_with_mqa;    // [kv_lora_rank + d_rope, D]
+  std::vector<float> kv_a_layernorm;  // [kv_lora_rank]
+  LinearWeight kv_b_proj;             // [n_head*(d_nope + d_v), kv_lora_rank]
+  const TensorView* kv_b = nullptr;   // the same tensor, read row-wise for W_UK^T (absorbed path)
+  LinearWeight o_proj;                // [D, n_head*d_v]
+  LinearWeight g_proj;                // [n_head*d_v, D] (output gate)
   bool has_dsa = false;
   DsaWeights dsa;
 };

@@ -31,7 +31,9 @@ Result<std::unique_ptr<Model>> Model::load(const Checkpoint& ckpt, const ModelOp
   return m;
 }
 
-std::unique_ptr<SeqState> Model::new_state() const { return std::make_unique<SeqState>(cfg_); }
+std::unique_ptr<SeqState> Model::new_state() const {
+  return std::make_unique<SeqState>(cfg_);
+}
 
 Status Model::run(std::span<SeqState* const> states, const int32_t* tokens, std::span<const int64_t> row0,
                   std::span<const int64_t> out_rows, float* logits) {
@@ -66,8 +68,10 @@ Status Model::run(std::span<SeqState* const> states, const int32_t* tokens, std:
     const LayerWeights& lw = w_->layers[size_t(l)];
     // attention sub-layer
     const bool fresh = ar && l % cfg_.attn_res_block_size == 0;
-    if (ar && l > 0) mix(lw.q_attn_res, a.data());
-    else a = p;
+    if (ar && l > 0)
+      mix(lw.q_attn_res, a.data());
+    else
+      a = p;
     if (fresh) B.push_back(p);
     rms_norm(c, a.data(), lw.input_layernorm.data(), eps, n_tok, D, h.data());
     c.cb("attn_norm", l, h.data(), int64_t(h.size()));
@@ -77,8 +81,10 @@ Status Model::run(std::span<SeqState* const> states, const int32_t* tokens, std:
       const bool absorbed = opt_.mla == MlaPath::absorbed || (opt_.mla == MlaPath::auto_ && n == 1);
       mseq[size_t(i)] = {&states[size_t(i)]->mla[size_t(l)], r, n, states[size_t(i)]->n_past_, absorbed};
     }
-    if (lw.kind == AttnKind::kda) kda_forward(c, cfg_, lw.kda, kx, kseq, h.data(), n_tok, o.data(), l);
-    else mla_forward(c, cfg_, lw.mla, mseq, h.data(), n_tok, o.data(), l);
+    if (lw.kind == AttnKind::kda)
+      kda_forward(c, cfg_, lw.kda, kx, kseq, h.data(), n_tok, o.data(), l);
+    else
+      mla_forward(c, cfg_, lw.mla, mseq, h.data(), n_tok, o.data(), l);
     c.cb("attn_out", l, o.data(), int64_t(o.size()));
     if (fresh) {
       p = o;
@@ -87,20 +93,26 @@ Status Model::run(std::span<SeqState* const> states, const int32_t* tokens, std:
       c.rnd(p.data(), int64_t(p.size()));
     }
     // FFN sub-layer
-    if (ar) mix(lw.q_mlp_res, a.data());
-    else a = p;
+    if (ar)
+      mix(lw.q_mlp_res, a.data());
+    else
+      a = p;
     rms_norm(c, a.data(), lw.post_attention_layernorm.data(), eps, n_tok, D, h.data());
     c.cb("ffn_norm", l, h.data(), int64_t(h.size()));
-    if (lw.moe) moe_forward(c, cfg_, lw.moe_w, h.data(), n_tok, o.data(), l);
-    else ffn_forward(c, cfg_, lw.mlp, h.data(), n_tok, o.data());
+    if (lw.moe)
+      moe_forward(c, cfg_, lw.moe_w, h.data(), n_tok, o.data(), l);
+    else
+      ffn_forward(c, cfg_, lw.mlp, h.data(), n_tok, o.data());
     c.cb("ffn_out", l, o.data(), int64_t(o.size()));
     for (size_t i = 0; i < p.size(); ++i) p[i] += o[i];
     c.rnd(p.data(), int64_t(p.size()));
     c.cb("l_out", l, p.data(), int64_t(p.size()));
     if (!guard.ok()) return guard;
   }
-  if (ar) mix(w_->q_out_res, a.data());
-  else a = p;
+  if (ar)
+    mix(w_->q_out_res, a.data());
+  else
+    a = p;
   for (int64_t i = 0; i < n_seq; ++i) states[size_t(i)]->n_past_ += row0[size_t(i) + 1] - row0[size_t(i)];
 
   // logits = lm_head RMSNorm(h; model.norm), fp32 output, only for the requested rows
@@ -121,7 +133,8 @@ Status check_tokens(const int32_t* tokens, int64_t n, int64_t n_vocab) {
   for (int64_t t = 0; t < n; ++t)
     if (tokens[t] < 0 || tokens[t] >= n_vocab)
       return error(Code::invalid_argument, "token id " + std::to_string(tokens[t]) + " at position " +
-                                               std::to_string(t) + " is outside [0, " + std::to_string(n_vocab) + ")");
+                                               std::to_string(t) + " is outside [0, " +
+                                               std::to_string(n_vocab) + ")");
   return ok_status();
 }
 

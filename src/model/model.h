@@ -1,4 +1,5 @@
-// model.h: the exact CPU forward pass of Kimi Linear, K3 and K3.1 (MODEL.md), over explicit per-sequence state.
+// model.h: the exact CPU forward pass of Kimi Linear, K3 and K3.1 (MODEL.md), over explicit per-sequence
+// state.
 //
 //   x0 = embed_tokens[id]
 //   KL:       per layer  h = x + Attn(RMSNorm_in(x));  x = h + FFN(RMSNorm_post(h))
@@ -31,14 +32,18 @@ namespace k3 {
 class ThreadPool;
 struct ModelWeights;
 
-enum class MlaPath { auto_, unabsorbed, absorbed };  // auto_: unabsorbed for multi-token calls, absorbed for 1
+enum class MlaPath {
+  auto_,
+  unabsorbed,
+  absorbed
+};  // auto_: unabsorbed for multi-token calls, absorbed for 1
 
 struct ModelOptions {
   Precision precision = Precision::fp32;
-  int n_threads = 0;             // <= 0: hardware concurrency
+  int n_threads = 0;  // <= 0: hardware concurrency
   MlaPath mla = MlaPath::auto_;
   int kda_chunk = 64;
-  bool kda_recurrent = false;    // force token-by-token KDA
+  bool kda_recurrent = false;  // force token-by-token KDA
   // Named intermediates per layer ("attn_norm", "kda_o", "ffn_out", ...; layer n_layer = the final norm).
   std::function<void(const char* name, int layer, const float* data, int64_t n)> trace;
 };

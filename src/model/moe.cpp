@@ -15,8 +15,9 @@ Status bind_moe(Binder& b, const ModelConfig& cfg, MoeWeights* w) {
   w->gate = b.linear("gate", E, D);
   w->bias = b.vec("gate.e_score_correction_bias", E);
   if (m.n_shared_expert > 0)
-    K3_RETURN_IF_ERROR(bind_ffn(b, "shared_experts.gate_proj", "shared_experts.up_proj", "shared_experts.down_proj",
-                                D, int64_t(m.n_shared_expert) * m.d_ff_expert, &w->shared));
+    K3_RETURN_IF_ERROR(bind_ffn(b, "shared_experts.gate_proj", "shared_experts.up_proj",
+                                "shared_experts.down_proj", D, int64_t(m.n_shared_expert) * m.d_ff_expert,
+                                &w->shared));
   const int64_t d_in = m.d_latent > 0 ? m.d_latent : D;
   if (m.d_latent > 0) {
     w->latent_down = b.linear("routed_expert_down_proj", m.d_latent, D);
@@ -26,8 +27,8 @@ Status bind_moe(Binder& b, const ModelConfig& cfg, MoeWeights* w) {
   w->experts.resize(size_t(E));
   for (int64_t e = 0; e < E; ++e) {
     const std::string p = "experts." + std::to_string(e) + ".";
-    K3_RETURN_IF_ERROR(bind_ffn(b, (p + "w1").c_str(), (p + "w3").c_str(), (p + "w2").c_str(), d_in, m.d_ff_expert,
-                                &w->experts[size_t(e)]));
+    K3_RETURN_IF_ERROR(bind_ffn(b, (p + "w1").c_str(), (p + "w3").c_str(), (p + "w2").c_str(), d_in,
+                                m.d_ff_expert, &w->experts[size_t(e)]));
   }
   return b.status();
 }
@@ -78,7 +79,8 @@ void moe_forward(const Ctx& c, const ModelConfig& cfg, const MoeWeights& w, cons
     ye.resize(rows.size() * size_t(dz));
     for (size_t i = 0; i < rows.size(); ++i) std::copy_n(zin + (rows[i] / k) * dz, dz, &xe[i * size_t(dz)]);
     ffn_forward(c, cfg, w.experts[size_t(e)], xe.data(), int64_t(rows.size()), ye.data());
-    for (size_t i = 0; i < rows.size(); ++i) std::copy_n(&ye[i * size_t(dz)], dz, &slot_out[size_t(rows[i] * dz)]);
+    for (size_t i = 0; i < rows.size(); ++i)
+      std::copy_n(&ye[i * size_t(dz)], dz, &slot_out[size_t(rows[i] * dz)]);
   }
   std::vector<float> y(size_t(n_tok * dz), 0.f);
   for (int64_t t = 0; t < n_tok; ++t)

@@ -20,13 +20,13 @@
 namespace k3 {
 
 struct MoeWeights {
-  LinearWeight gate;                     // [n_expert, D]
-  std::vector<float> bias;               // [n_expert] e_score_correction_bias (selection only)
-  std::vector<FfnWeights> experts;       // w1/w3 [d_ff_expert, d_in], w2 [d_in, d_ff_expert]; d_in = d_latent or D
-  FfnWeights shared;                     // [n_shared * d_ff_expert, D] merged shared experts
-  LinearWeight latent_down;              // [d_latent, D]  routed_expert_down_proj (K3)
-  std::vector<float> latent_norm;        // [d_latent]     routed_expert_norm
-  LinearWeight latent_up;                // [D, d_latent]  routed_expert_up_proj
+  LinearWeight gate;                // [n_expert, D]
+  std::vector<float> bias;          // [n_expert] e_score_correction_bias (selection only)
+  std::vector<FfnWeights> experts;  // w1/w3 [d_ff_expert, d_in], w2 [d_in, d_ff_expert]; d_in = d_latent or D
+  FfnWeights shared;                // [n_shared * d_ff_expert, D] merged shared experts
+  LinearWeight latent_down;         // [d_latent, D]  routed_expert_down_proj (K3)
+  std::vector<float> latent_norm;   // [d_latent]     routed_expert_norm
+  LinearWeight latent_up;           // [D, d_latent]  routed_expert_up_proj
 };
 
 Status bind_moe(Binder& b, const ModelConfig& cfg, MoeWeights* w);

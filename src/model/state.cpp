@@ -3,7 +3,9 @@
 
 namespace k3 {
 
-SeqState::SeqState(const ModelConfig& cfg) : cfg_(&cfg) { reset(); }
+SeqState::SeqState(const ModelConfig& cfg) : cfg_(&cfg) {
+  reset();
+}
 
 void SeqState::reset() {
   n_past_ = 0;

@@ -21,8 +21,10 @@ Status bind_layer(const Checkpoint& ckpt, const ModelConfig& cfg, int i, LayerWe
   }
   K3_RETURN_IF_ERROR(b.status());
   Binder ba(ckpt, b.prefix() + "self_attn.");
-  if (w->kind == AttnKind::kda) K3_RETURN_IF_ERROR(bind_kda(ba, cfg, &w->kda));
-  else K3_RETURN_IF_ERROR(bind_mla(ba, cfg, w->kind == AttnKind::dsa, &w->mla));
+  if (w->kind == AttnKind::kda)
+    K3_RETURN_IF_ERROR(bind_kda(ba, cfg, &w->kda));
+  else
+    K3_RETURN_IF_ERROR(bind_mla(ba, cfg, w->kind == AttnKind::dsa, &w->mla));
   if (w->moe) {
     Binder bm(ckpt, b.prefix() + "block_sparse_moe.");
     K3_RETURN_IF_ERROR(bind_moe(bm, cfg, &w->moe_w));
@@ -37,7 +39,8 @@ Status bind_layer(const Checkpoint& ckpt, const ModelConfig& cfg, int i, LayerWe
 
 Result<std::unique_ptr<ModelWeights>> bind_model(const Checkpoint& ckpt) {
   const ModelConfig& cfg = ckpt.config();
-  if (int(cfg.layer_attn.size()) != cfg.n_layer || int(cfg.layer_moe.size()) != cfg.n_layer || cfg.n_layer <= 0)
+  if (int(cfg.layer_attn.size()) != cfg.n_layer || int(cfg.layer_moe.size()) != cfg.n_layer ||
+      cfg.n_layer <= 0)
     return error(Code::bad_file, "config: layer lists do not cover num_hidden_layers");
   if (cfg.uses_attn_res() && cfg.attn_res_block_size <= 0)
     return error(Code::bad_file, "config: attn_res_block_size must be positive");

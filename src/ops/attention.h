@@ -19,14 +19,17 @@ class ThreadPool;
 struct AttentionParams {
   int64_t n_q = 0, n_kv = 0;
   int n_head = 0, d_qk = 0, d_v = 0;
-  const float* q = nullptr;  int64_t q_tok_stride = 0, q_head_stride = 0;   // [n_q, n_head, d_qk]
-  const float* k = nullptr;  int64_t k_tok_stride = 0, k_head_stride = 0;   // [n_kv, (n_head), d_qk]
-  const float* v = nullptr;  int64_t v_tok_stride = 0, v_head_stride = 0;   // [n_kv, (n_head), d_v]
-  int64_t q_pos0 = 0;        // absolute position of query row 0 (dense causal mask)
+  const float* q = nullptr;
+  int64_t q_tok_stride = 0, q_head_stride = 0;  // [n_q, n_head, d_qk]
+  const float* k = nullptr;
+  int64_t k_tok_stride = 0, k_head_stride = 0;  // [n_kv, (n_head), d_qk]
+  const float* v = nullptr;
+  int64_t v_tok_stride = 0, v_head_stride = 0;  // [n_kv, (n_head), d_v]
+  int64_t q_pos0 = 0;                           // absolute position of query row 0 (dense causal mask)
   const int32_t* sel = nullptr;  // [n_q, n_sel] kv positions, -1 = unused slot; null = dense causal
   int64_t n_sel = 0;
   float scale = 1.f;
-  float* out = nullptr;      // [n_q, n_head, d_v]
+  float* out = nullptr;  // [n_q, n_head, d_v]
 };
 
 // Plain reference: fp64 scores and sums, one (query, head) at a time.

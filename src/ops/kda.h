@@ -1,7 +1,8 @@
 // kda.h: the Kimi Delta Attention recurrence over one sequence (MODEL.md §4, step 6 and the chunkwise form).
 //
 // Per head h, with fp32 state S [K, V] carried in and out:
-//   S <- diag(exp(g_t)) S;  u = v_t - S^T k_t;  S <- S + k_t (beta_t u)^T;  o_t = S^T q_t   (read after write)
+//   S <- diag(exp(g_t)) S;  u = v_t - S^T k_t;  S <- S + k_t (beta_t u)^T;  o_t = S^T q_t   (read after
+//   write)
 // q, k are already l2-normalized (q also scaled by K^-1/2); g <= 0 is the per-channel log-decay.
 //
 // Chunkwise (WY/UT) form, chunk C, G = in-chunk cumsum of g (a K-vector per row):

@@ -22,8 +22,12 @@ namespace {
 struct FlushSubnormals {
 #if defined(__x86_64__) || defined(__SSE__)
   unsigned saved = _mm_getcsr();
-  FlushSubnormals() { _mm_setcsr(saved | 0x8040u); }
-  ~FlushSubnormals() { _mm_setcsr(saved); }
+  FlushSubnormals() {
+    _mm_setcsr(saved | 0x8040u);
+  }
+  ~FlushSubnormals() {
+    _mm_setcsr(saved);
+  }
 #endif
 };
 
@@ -62,7 +66,9 @@ void recurrent_head(const KdaParams& p, int h) {
 // exp(x) for x <= 0, flushed to 0 below -80 (e^-80 ~ 2e-35): keeps the chunk's decay products out of the
 // subnormal range, where x86 arithmetic is ~100x slower. The flushed terms are below fp32 resolution of
 // any non-negligible sum.
-inline float exp_neg(float x) { return x < -80.f ? 0.f : std::exp(x); }
+inline float exp_neg(float x) {
+  return x < -80.f ? 0.f : std::exp(x);
+}
 
 inline float dot(const float* a, const float* b, int n) {
   float acc = 0.f;
@@ -78,8 +84,9 @@ void chunk_head(const KdaParams& p, int h) {
   constexpr int kSub = 16;
   const int H = p.n_head, K = p.d_k, V = p.d_v, C = std::max(1, p.chunk);
   float* S = p.S + size_t(h) * K * V;  // [K, V]
-  std::vector<float> Q(size_t(C) * K), Kc(size_t(C) * K), G(size_t(C) * K), Kr(size_t(C) * K), L(size_t(C) * C),
-      A(size_t(C) * C), W(size_t(C) * K), U(size_t(C) * V), ql(size_t(kSub) * K), kl(size_t(kSub) * K), e(K);
+  std::vector<float> Q(size_t(C) * K), Kc(size_t(C) * K), G(size_t(C) * K), Kr(size_t(C) * K),
+      L(size_t(C) * C), A(size_t(C) * C), W(size_t(C) * K), U(size_t(C) * V), ql(size_t(kSub) * K),
+      kl(size_t(kSub) * K), e(K);
   std::vector<float> beta(static_cast<size_t>(C));
   for (int64_t t0 = 0; t0 < p.n_tok; t0 += C) {
     const int n = int(std::min<int64_t>(C, p.n_tok - t0));
@@ -92,14 +99,16 @@ void chunk_head(const KdaParams& p, int h) {
       for (int d = 0; d < K; ++d) G[size_t(i) * K + d] = (i ? G[size_t(i - 1) * K + d] : 0.f) + g[d];
     }
     const int n_sub = (n + kSub - 1) / kSub;
-    for (int b = 0; b < n_sub; ++b) {  // right factors: Kr_j = k_j exp(G_r - G_j), r = last row of j's sub-block
+    for (int b = 0; b < n_sub;
+         ++b) {  // right factors: Kr_j = k_j exp(G_r - G_j), r = last row of j's sub-block
       const int j0 = b * kSub, j1 = std::min(n, j0 + kSub);
       const float* Gr = &G[size_t(j1 - 1) * K];
       for (int j = j0; j < j1; ++j)
         for (int d = 0; d < K; ++d)
           Kr[size_t(j) * K + d] = Kc[size_t(j) * K + d] * exp_neg(Gr[d] - G[size_t(j) * K + d]);
     }
-    // A[i,j] = sum_d q_id k_jd exp(G_id - G_jd) (j <= i);  L[i,j] = beta_i sum_d k_id k_jd exp(G_id - G_jd) (j < i)
+    // A[i,j] = sum_d q_id k_jd exp(G_id - G_jd) (j <= i);  L[i,j] = beta_i sum_d k_id k_jd exp(G_id - G_jd)
+    // (j < i)
     for (int a = 0; a < n_sub; ++a) {
       const int i0 = a * kSub, i1 = std::min(n, i0 + kSub);
       for (int i = i0; i < i1; ++i) {

@@ -136,7 +136,8 @@ TEST_P(ModelPaths, BatchEqualsAlone) {
   auto m = load(*ck);
   ASSERT_TRUE(m);
   const int32_t V = m->config().n_vocab;
-  std::vector<std::vector<int32_t>> seqs = {random_tokens(9, V, 1), random_tokens(1, V, 2), random_tokens(23, V, 3)};
+  std::vector<std::vector<int32_t>> seqs = {random_tokens(9, V, 1), random_tokens(1, V, 2),
+                                            random_tokens(23, V, 3)};
   std::vector<std::unique_ptr<SeqState>> owned;
   std::vector<SeqState*> states;
   std::vector<std::span<const int32_t>> spans;
@@ -212,8 +213,8 @@ TEST_P(ModelPaths, Bf16RoundingPoints) {
   ModelOptions b;
   b.precision = Precision::bf16;
   b.trace = [&](const char* name, int, const float* x, int64_t n) {
-    static const char* rounded[] = {"attn_norm", "attn_out", "ffn_norm", "ffn_out", "l_out", "kda_o",
-                                    "kda_gated", "mla_z", "moe_routed", "result_norm"};
+    static const char* rounded[] = {"attn_norm", "attn_out",  "ffn_norm", "ffn_out",    "l_out",
+                                    "kda_o",     "kda_gated", "mla_z",    "moe_routed", "result_norm"};
     for (const char* r : rounded)
       if (std::string(name) == r) {
         for (int64_t i = 0; i < n; ++i) n_bad += round_bf16(x[i]) != x[i];
@@ -260,7 +261,8 @@ TEST(ModelPathsDsa, FullTopkEqualsDenseMla) {
 
 // Debug builds check every traced activation: a NaN norm gain in layer 2 is reported with layer and name.
 TEST(ModelPathsGuard, NonFiniteActivationIsReported) {
-  if (!Model::activation_checks_enabled()) GTEST_SKIP() << "the NaN/Inf guard is compiled in debug builds only";
+  if (!Model::activation_checks_enabled())
+    GTEST_SKIP() << "the NaN/Inf guard is compiled in debug builds only";
   auto ck = open_tiny("tiny-kl");
   ASSERT_TRUE(ck);
   const int64_t D = ck->config().d_model;
@@ -294,7 +296,9 @@ TEST(ModelPathsTrace, NamedIntermediates) {
   ASSERT_TRUE(m);
   const auto tok = random_tokens(4, m->config().n_vocab, 9);
   run(*m, tok, 0);
-  auto has = [&](const char* n, int l) { return std::find(seen.begin(), seen.end(), std::pair<std::string, int>(n, l)) != seen.end(); };
+  auto has = [&](const char* n, int l) {
+    return std::find(seen.begin(), seen.end(), std::pair<std::string, int>(n, l)) != seen.end();
+  };
   EXPECT_TRUE(has("attn_norm", 0));
   EXPECT_TRUE(has("kda_o", 0));
   EXPECT_TRUE(has("mla_z", 3));

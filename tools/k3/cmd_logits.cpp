@@ -42,7 +42,8 @@ Result<std::vector<int32_t>> read_npy_tokens(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return error(Code::not_found, "cannot open " + path);
   std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (all.size() < 10 || std::memcmp(all.data(), "\x93NUMPY", 6) != 0) return error(Code::bad_file, path + ": not a .npy file");
+  if (all.size() < 10 || std::memcmp(all.data(), "\x93NUMPY", 6) != 0)
+    return error(Code::bad_file, path + ": not a .npy file");
   const int major = uint8_t(all[6]);
   size_t hlen, off;
   if (major == 1) {
@@ -58,21 +59,35 @@ Result<std::vector<int32_t>> read_npy_tokens(const std::string& path) {
   const std::string h = all.substr(off, hlen);
   size_t esize = 0;
   bool is_signed = true;
-  if (h.find("'<i4'") != std::string::npos) esize = 4;
-  else if (h.find("'<i8'") != std::string::npos) esize = 8;
-  else if (h.find("'<u4'") != std::string::npos) esize = 4, is_signed = false;
-  else return error(Code::unsupported, path + ": token dtype must be <i4, <i8 or <u4");
-  if (h.find("'fortran_order': True") != std::string::npos) return error(Code::unsupported, path + ": fortran order");
+  if (h.find("'<i4'") != std::string::npos)
+    esize = 4;
+  else if (h.find("'<i8'") != std::string::npos)
+    esize = 8;
+  else if (h.find("'<u4'") != std::string::npos)
+    esize = 4, is_signed = false;
+  else
+    return error(Code::unsupported, path + ": token dtype must be <i4, <i8 or <u4");
+  if (h.find("'fortran_order': True") != std::string::npos)
+    return error(Code::unsupported, path + ": fortran order");
   const size_t data_off = off + hlen;
   const size_t n = (all.size() - data_off) / esize;
   std::vector<int32_t> out(n);
   for (size_t i = 0; i < n; ++i) {
     const char* p = all.data() + data_off + i * esize;
     int64_t v;
-    if (esize == 8) std::memcpy(&v, p, 8);
-    else if (is_signed) { int32_t x; std::memcpy(&x, p, 4); v = x; }
-    else { uint32_t x; std::memcpy(&x, p, 4); v = x; }
-    if (v < INT32_MIN || v > INT32_MAX) return error(Code::out_of_range, path + ": token id out of int32 range");
+    if (esize == 8)
+      std::memcpy(&v, p, 8);
+    else if (is_signed) {
+      int32_t x;
+      std::memcpy(&x, p, 4);
+      v = x;
+    } else {
+      uint32_t x;
+      std::memcpy(&x, p, 4);
+      v = x;
+    }
+    if (v < INT32_MIN || v > INT32_MAX)
+      return error(Code::out_of_range, path + ": token id out of int32 range");
     out[i] = int32_t(v);
   }
   return out;
@@ -106,11 +121,16 @@ Status run(const Args& a) {
   int n_src = !a.tokens.empty() + !a.tokens_file.empty() + !a.prompt.empty();
   if (n_src != 1) return error(Code::invalid_argument, "give exactly one of --tokens, --tokens-file, -p");
   ModelOptions opt;
-  if (a.precision == "bf16") opt.precision = Precision::bf16;
-  else if (a.precision != "fp32") return error(Code::invalid_argument, "--precision must be fp32 or bf16");
-  if (a.mla == "absorbed") opt.mla = MlaPath::absorbed;
-  else if (a.mla == "unabsorbed") opt.mla = MlaPath::unabsorbed;
-  else if (!a.mla.empty()) return error(Code::invalid_argument, "--mla must be absorbed or unabsorbed");
+  if (a.precision == "bf16")
+    opt.precision = Precision::bf16;
+  else if (a.precision != "fp32")
+    return error(Code::invalid_argument, "--precision must be fp32 or bf16");
+  if (a.mla == "absorbed")
+    opt.mla = MlaPath::absorbed;
+  else if (a.mla == "unabsorbed")
+    opt.mla = MlaPath::unabsorbed;
+  else if (!a.mla.empty())
+    return error(Code::invalid_argument, "--mla must be absorbed or unabsorbed");
   if (a.chunk < 0) return error(Code::invalid_argument, "--chunk must be positive");
   opt.n_threads = a.threads;
 

@@ -1,12 +1,14 @@
 // cases_model.cpp: test-ops cases for the model-specific ops: KDA (src/ops/kda.h) and causal / sparse
 // attention (src/ops/attention.h).
 //
-// kda:       backends run the chunkwise form (cpu) against the fp64 recurrence (ref); "kda_recurrent" runs the
+// kda:       backends run the chunkwise form (cpu) against the fp64 recurrence (ref); "kda_recurrent" runs
+// the
 //            fp32 recurrence. Inputs as the model feeds them: q, k l2-normalized (q scaled by K^-1/2), gates
 //            in (-5, 0) (K3 bound) or -exp(A) softplus(z) (KL, unbounded, down to about -30), beta in (0, 1),
 //            a nonzero carried-in state; odd lengths (1, 17, 33, 127) and chunks 1, 16, 64. Outputs: o and S.
 // attention: dense causal with a cached prefix (q_pos0 > 0), per-head K/V (unabsorbed MLA) and MQA over a
-//            576-wide latent with V = its first 512 entries (absorbed MLA), and a sparse index set with -1 slots.
+//            576-wide latent with V = its first 512 entries (absorbed MLA), and a sparse index set with -1
+//            slots.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -21,7 +23,14 @@ namespace {
 class KdaCase : public OpCase {
  public:
   KdaCase(bool recurrent, int64_t n_tok, int H, int K, int V, int chunk, bool kl_gate, bool perf = false)
-      : recurrent_(recurrent), n_tok_(n_tok), H_(H), K_(K), V_(V), chunk_(chunk), kl_gate_(kl_gate), perf_(perf) {}
+      : recurrent_(recurrent),
+        n_tok_(n_tok),
+        H_(H),
+        K_(K),
+        V_(V),
+        chunk_(chunk),
+        kl_gate_(kl_gate),
+        perf_(perf) {}
   bool perf() const override { return perf_; }
   double flops() const override { return 8.0 * double(n_tok_) * H_ * K_ * V_; }  // the recurrence's count
   std::string op() const override { return recurrent_ ? "kda_recurrent" : "kda"; }
@@ -68,9 +77,12 @@ class KdaCase : public OpCase {
     p.S = ctx.out_f32(1, int64_t(S0_.size()));
     std::copy(S0_.begin(), S0_.end(), p.S);
     p.chunk = chunk_;
-    if (b == Backend::ref) kda_ref(p);
-    else if (recurrent_) kda_recurrent_cpu(p, ctx.pool);
-    else kda_chunk_cpu(p, ctx.pool);
+    if (b == Backend::ref)
+      kda_ref(p);
+    else if (recurrent_)
+      kda_recurrent_cpu(p, ctx.pool);
+    else
+      kda_chunk_cpu(p, ctx.pool);
   }
 
  private:
@@ -96,9 +108,10 @@ class AttentionCase : public OpCase {
   std::string op() const override { return "attention"; }
   std::string shape() const override {
     static const char* names[] = {"per_head", "mqa_latent", "sparse"};
-    return std::string(names[int(layout_)]) + " n_q=" + std::to_string(n_q_) + " n_past=" +
-           std::to_string(n_past_) + " H=" + std::to_string(H_) + " d_qk=" + std::to_string(d_qk_) +
-           " d_v=" + std::to_string(d_v_) + (n_sel_ ? " n_sel=" + std::to_string(n_sel_) : "");
+    return std::string(names[int(layout_)]) + " n_q=" + std::to_string(n_q_) +
+           " n_past=" + std::to_string(n_past_) + " H=" + std::to_string(H_) +
+           " d_qk=" + std::to_string(d_qk_) + " d_v=" + std::to_string(d_v_) +
+           (n_sel_ ? " n_sel=" + std::to_string(n_sel_) : "");
   }
   double max_nmse() const override { return 1e-10; }
 
@@ -142,8 +155,10 @@ class AttentionCase : public OpCase {
     }
     if (layout_ == AttnLayout::sparse) p.sel = sel_.data(), p.n_sel = n_sel_;
     p.out = ctx.out_f32(0, n_q_ * H_ * d_v_);
-    if (b == Backend::ref) attention_ref(p);
-    else attention_cpu(p, ctx.pool);
+    if (b == Backend::ref)
+      attention_ref(p);
+    else
+      attention_cpu(p, ctx.pool);
   }
 
  private:
@@ -160,7 +175,8 @@ class AttentionCase : public OpCase {
 K3_OP_CASES(model_cases) {
   for (bool kl : {false, true}) {
     for (int64_t n : {1, 17, 33, 127})
-      for (int chunk : {1, 16, 64}) cases.push_back(std::make_unique<KdaCase>(false, n, 3, 16, 24, chunk, kl));
+      for (int chunk : {1, 16, 64})
+        cases.push_back(std::make_unique<KdaCase>(false, n, 3, 16, 24, chunk, kl));
     cases.push_back(std::make_unique<KdaCase>(false, 130, 2, 128, 128, 64, kl));
     for (int64_t n : {1, 17, 33}) cases.push_back(std::make_unique<KdaCase>(true, n, 3, 16, 24, 0, kl));
   }
