@@ -7,10 +7,14 @@ namespace k3 {
 
 const char* page_kind_name(PageKind k) {
   switch (k) {
-    case PageKind::free: return "free";
-    case PageKind::mla_latent: return "mla_latent";
-    case PageKind::dsa_index: return "dsa_index";
-    case PageKind::kda_state: return "kda_state";
+    case PageKind::free:
+      return "free";
+    case PageKind::mla_latent:
+      return "mla_latent";
+    case PageKind::dsa_index:
+      return "dsa_index";
+    case PageKind::kda_state:
+      return "kda_state";
   }
   return "?";
 }
@@ -22,7 +26,9 @@ PagePool::PagePool(int64_t page_bytes, int32_t n_pages)
   for (PageId p = n_pages - 1; p >= 0; --p) free_.push_back(p);  // low ids first
 }
 
-void PagePool::check(PageId p) const { K3_ASSERT(p >= 0 && size_t(p) < meta_.size()); }
+void PagePool::check(PageId p) const {
+  K3_ASSERT(p >= 0 && size_t(p) < meta_.size());
+}
 
 Result<PageId> PagePool::alloc(PageKind kind) {
   K3_ASSERT(kind != PageKind::free);
@@ -80,8 +86,10 @@ void PagePool::unpin(PageId p) {
   Meta& m = meta_[size_t(p)];
   K3_ASSERT(m.pin > 0);
   if (--m.pin > 0 || m.ref > 0) return;
-  if (m.cached) to_lru(p);
-  else free_page(p);
+  if (m.cached)
+    to_lru(p);
+  else
+    free_page(p);
 }
 
 void PagePool::set_cached(PageId p, bool cached) {

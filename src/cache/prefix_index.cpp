@@ -24,7 +24,8 @@ namespace {
 std::vector<Hash128> chain_all(std::span<const int32_t> tokens, int64_t n_max, int th) {
   std::vector<Hash128> h;
   Hash128 prev;
-  for (int64_t e = th; e <= n_max; e += th) h.push_back(prev = chain_hash(prev, tokens.subspan(size_t(e - th), size_t(th))));
+  for (int64_t e = th; e <= n_max; e += th)
+    h.push_back(prev = chain_hash(prev, tokens.subspan(size_t(e - th), size_t(th))));
   return h;
 }
 
@@ -52,7 +53,8 @@ PrefixCache::Match PrefixCache::find(std::span<const int32_t> tokens, int64_t n_
     const int64_t h0 = start / Th;
     if (h0 + per <= n_hash) {  // the whole block: by the hash at its end
       auto it = ends_.find(h[size_t(h0 + per - 1)]);
-      if (it != ends_.end() && it->second.j == per && !fresh(it->second.step) && same(it->second.block, start, T)) {
+      if (it != ends_.end() && it->second.j == per && !fresh(it->second.step) &&
+          same(it->second.block, start, T)) {
         m.blocks.push_back(it->second.block);
         M = start + T;
         continue;
@@ -86,7 +88,9 @@ PrefixCache::Match PrefixCache::find(std::span<const int32_t> tokens, int64_t n_
   return m;
 }
 
-int64_t PrefixCache::lookup(std::span<const int32_t> tokens, int64_t n_max) const { return find(tokens, n_max).n; }
+int64_t PrefixCache::lookup(std::span<const int32_t> tokens, int64_t n_max) const {
+  return find(tokens, n_max).n;
+}
 
 Result<int32_t> PrefixCache::new_block() {
   std::vector<PageId> pages;
@@ -170,8 +174,8 @@ Result<int64_t> PrefixCache::admit(SeqCache& s, std::span<const int32_t> prompt,
     pool_.pin(p);
     s.pins.push_back(p);
   };
-  const std::vector<std::vector<PageId>> ckpt_pages = m.ckpt ? ckpts_.at(*m.ckpt).groups
-                                                             : std::vector<std::vector<PageId>>{};
+  const std::vector<std::vector<PageId>> ckpt_pages =
+      m.ckpt ? ckpts_.at(*m.ckpt).groups : std::vector<std::vector<PageId>>{};
   for (int32_t b : m.blocks)
     for (PageId p : blocks_[size_t(b)].pages) pin(p);
   for (const auto& g : ckpt_pages)
@@ -195,7 +199,8 @@ Result<int64_t> PrefixCache::admit(SeqCache& s, std::span<const int32_t> prompt,
     s.blocks.push_back(*nb);
   }
   for (size_t i = 0; i < s.blocks.size(); ++i)
-    load_rows(pool_, L_, blocks_[size_t(s.blocks[i])].pages, 0, st, std::min<int64_t>(T, m.n - int64_t(i) * T));
+    load_rows(pool_, L_, blocks_[size_t(s.blocks[i])].pages, 0, st,
+              std::min<int64_t>(T, m.n - int64_t(i) * T));
   for (int g = 0; g < int(ckpt_pages.size()); ++g) load_kda(pool_, L_, g, ckpt_pages[size_t(g)], st);
   detail::set_n_past(st, m.n);
   s.tokens.assign(prompt.begin(), prompt.begin() + m.n);
@@ -228,7 +233,8 @@ Status PrefixCache::reserve(SeqCache& s, std::span<const int32_t> ids) {
     blk.tokens.push_back(ids[size_t(pos - n0)]);
     if ((pos + 1) % Th) continue;
     Hash128 prev = s.hashes.empty() ? Hash128{} : s.hashes.back();
-    const Hash128 h = chain_hash(prev, std::span<const int32_t>(s.tokens).subspan(size_t(pos + 1 - Th), size_t(Th)));
+    const Hash128 h =
+        chain_hash(prev, std::span<const int32_t>(s.tokens).subspan(size_t(pos + 1 - Th), size_t(Th)));
     s.hashes.push_back(h);
     blk.n_ends++;
     if (ends_.count(h)) continue;  // another block holds this prefix already

@@ -44,24 +44,24 @@ struct Hash128Hasher {
 Hash128 chain_hash(Hash128 parent, std::span<const int32_t> tokens);
 
 struct CacheOptions {
-  int block_tokens = 64;     // T_blk, a multiple of hash_tokens
-  int hash_tokens = 16;      // T_h
+  int block_tokens = 64;  // T_blk, a multiple of hash_tokens
+  int hash_tokens = 16;   // T_h
   int32_t n_pages = 256;
-  bool rule_pin = true;      // the three rules can be switched off only to show (in tests) what breaks
+  bool rule_pin = true;  // the three rules can be switched off only to show (in tests) what breaks
   bool rule_exclude_fresh = true;
   bool rule_drop_siblings = true;
 };
 
 // What one sequence holds in the cache.
 struct SeqCache {
-  std::vector<int32_t> blocks;     // block table: blocks[b] covers positions [b T_blk, (b+1) T_blk)
-  std::vector<int32_t> tokens;     // ids reserved so far (fed or about to be fed)
-  std::vector<Hash128> hashes;     // hashes[j-1] = h_j for every complete hash block of `tokens`
-  int64_t n_saved = 0;             // positions whose rows are in pages
-  int64_t n_prompt = 0;            // turn boundary: the last aligned position <= n_prompt is kept
+  std::vector<int32_t> blocks;       // block table: blocks[b] covers positions [b T_blk, (b+1) T_blk)
+  std::vector<int32_t> tokens;       // ids reserved so far (fed or about to be fed)
+  std::vector<Hash128> hashes;       // hashes[j-1] = h_j for every complete hash block of `tokens`
+  int64_t n_saved = 0;               // positions whose rows are in pages
+  int64_t n_prompt = 0;              // turn boundary: the last aligned position <= n_prompt is kept
   std::optional<Hash128> last_ckpt;  // this sequence's newest intermediate checkpoint
-  std::vector<PageId> pins;        // rule 1 pins, released at end_step()
-  int64_t n_cached = 0;            // tokens restored from the cache at admission
+  std::vector<PageId> pins;          // rule 1 pins, released at end_step()
+  int64_t n_cached = 0;              // tokens restored from the cache at admission
 };
 
 struct CacheStats {
@@ -101,16 +101,16 @@ class PrefixCache {
 
  private:
   struct Block {
-    std::vector<PageId> pages;     // [pages_per_block]
-    std::vector<int32_t> tokens;   // ids stored in it (<= T_blk)
-    int32_t n_ends = 0;            // complete hash blocks in it
-    std::vector<Hash128> keys;     // endpoints it registered
+    std::vector<PageId> pages;    // [pages_per_block]
+    std::vector<int32_t> tokens;  // ids stored in it (<= T_blk)
+    int32_t n_ends = 0;           // complete hash blocks in it
+    std::vector<Hash128> keys;    // endpoints it registered
     bool live = false;
   };
   struct Endpoint {
     int32_t block;
-    int32_t j;                     // complete hash blocks in the block at this endpoint
-    int64_t step;                  // registered in this step
+    int32_t j;     // complete hash blocks in the block at this endpoint
+    int64_t step;  // registered in this step
   };
   struct Checkpoint {
     int64_t n_tok = 0;
@@ -124,8 +124,8 @@ class PrefixCache {
     Hash128 key;
   };
   struct Match {
-    int64_t n = 0;                       // hit length
-    std::vector<int32_t> blocks;         // blocks covering [0, n) (the last one maybe partly)
+    int64_t n = 0;                // hit length
+    std::vector<int32_t> blocks;  // blocks covering [0, n) (the last one maybe partly)
     std::optional<Hash128> ckpt;
   };
 

@@ -20,6 +20,8 @@ struct NPastAccess {
 int64_t SeqState::*n_past_member();
 template struct NPastAccess<&SeqState::n_past_>;
 
-inline void set_n_past(SeqState& s, int64_t n) { s.*n_past_member() = n; }
+inline void set_n_past(SeqState& s, int64_t n) {
+  s.*n_past_member() = n;
+}
 
 }  // namespace k3::detail

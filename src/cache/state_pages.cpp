@@ -11,8 +11,10 @@ StateLayout StateLayout::make(const ModelConfig& cfg, int block_tokens) {
   L.block_tokens = block_tokens;
   for (int l = 0; l < cfg.n_layer; ++l) {
     AttnKind k = cfg.layer_attn[size_t(l)];
-    if (k == AttnKind::kda) L.kda_layers.push_back(l);
-    else L.attn_layers.push_back(l);
+    if (k == AttnKind::kda)
+      L.kda_layers.push_back(l);
+    else
+      L.attn_layers.push_back(l);
     if (k == AttnKind::dsa) L.dsa_layers.push_back(l);
   }
   L.d_latent = cfg.mla.d_latent();
@@ -44,8 +46,10 @@ void page_span_io(Pool& pool, std::span<const PageId> pages, PageKind kind, int6
     K3_ASSERT(pi < pages.size());
     auto page = pool.data(pages[pi], kind);
     if constexpr (!std::is_const_v<Pool>) {
-      if (to_pages) std::memcpy(page.data() + in, b, size_t(len));
-      else std::memcpy((void*)b, page.data() + in, size_t(len));
+      if (to_pages)
+        std::memcpy(page.data() + in, b, size_t(len));
+      else
+        std::memcpy((void*)b, page.data() + in, size_t(len));
     } else {
       std::memcpy((void*)b, page.data() + in, size_t(len));
     }
@@ -62,7 +66,8 @@ void store_rows(PagePool& pool, const StateLayout& L, std::span<const PageId> pa
     const std::vector<float>& lat = st.mla[size_t(L.attn_layers[i])].latent;
     K3_ASSERT(int64_t(lat.size()) >= (pos0 + n) * L.d_latent);
     auto page = pool.data(pages[i], PageKind::mla_latent);
-    std::memcpy(page.data() + row0 * L.d_latent * 4, &lat[size_t(pos0 * L.d_latent)], size_t(n * L.d_latent * 4));
+    std::memcpy(page.data() + row0 * L.d_latent * 4, &lat[size_t(pos0 * L.d_latent)],
+                size_t(n * L.d_latent * 4));
   }
   for (size_t i = 0; i < L.dsa_layers.size(); ++i) {
     const std::vector<float>& ik = st.mla[size_t(L.dsa_layers[i])].index_k;
@@ -99,7 +104,8 @@ void copy_rows(PagePool& pool, const StateLayout& L, std::span<const PageId> src
   }
 }
 
-void store_kda(PagePool& pool, const StateLayout& L, int g, std::span<const PageId> pages, const SeqState& st) {
+void store_kda(PagePool& pool, const StateLayout& L, int g, std::span<const PageId> pages,
+               const SeqState& st) {
   const KdaState& s = st.kda[size_t(L.kda_layers[size_t(g)])];
   const int64_t H = L.kda_heads, K = L.kda_d, R = L.conv_rows;
   int64_t off = 0;
@@ -107,11 +113,13 @@ void store_kda(PagePool& pool, const StateLayout& L, int g, std::span<const Page
     page_span_io(pool, pages, PageKind::kda_state, L.page_bytes, off, &s.S[size_t(h * K * K)], K * K, true);
     off += K * K;
     for (int64_t r = 0; r < 3 * R; ++r, off += K)
-      page_span_io(pool, pages, PageKind::kda_state, L.page_bytes, off, &s.conv[size_t((r * H + h) * K)], K, true);
+      page_span_io(pool, pages, PageKind::kda_state, L.page_bytes, off, &s.conv[size_t((r * H + h) * K)], K,
+                   true);
   }
 }
 
-void load_kda(const PagePool& pool, const StateLayout& L, int g, std::span<const PageId> pages, SeqState& st) {
+void load_kda(const PagePool& pool, const StateLayout& L, int g, std::span<const PageId> pages,
+              SeqState& st) {
   KdaState& s = st.kda[size_t(L.kda_layers[size_t(g)])];
   const int64_t H = L.kda_heads, K = L.kda_d, R = L.conv_rows;
   int64_t off = 0;
@@ -119,7 +127,8 @@ void load_kda(const PagePool& pool, const StateLayout& L, int g, std::span<const
     page_span_io(pool, pages, PageKind::kda_state, L.page_bytes, off, &s.S[size_t(h * K * K)], K * K, false);
     off += K * K;
     for (int64_t r = 0; r < 3 * R; ++r, off += K)
-      page_span_io(pool, pages, PageKind::kda_state, L.page_bytes, off, &s.conv[size_t((r * H + h) * K)], K, false);
+      page_span_io(pool, pages, PageKind::kda_state, L.page_bytes, off, &s.conv[size_t((r * H + h) * K)], K,
+                   false);
   }
 }
 

@@ -27,7 +27,7 @@ struct StateLayout {
   std::vector<int> dsa_layers;   // the DSA ones
   std::vector<int> kda_layers;   // ascending; one checkpoint group each
   int64_t d_latent = 0, d_index = 0;
-  int64_t kda_head_floats = 0;   // K*V + 3(W-1)K
+  int64_t kda_head_floats = 0;                  // K*V + 3(W-1)K
   int kda_heads = 0, kda_d = 0, conv_rows = 0;  // H, K, W-1
   int64_t page_bytes = 0;
   int pages_per_block() const { return int(attn_layers.size() + dsa_layers.size()); }
@@ -48,7 +48,8 @@ void copy_rows(PagePool& pool, const StateLayout& L, std::span<const PageId> src
                int64_t n);
 
 // KDA group g (layer L.kda_layers[g]) of `st` <-> its checkpoint pages.
-void store_kda(PagePool& pool, const StateLayout& L, int g, std::span<const PageId> pages, const SeqState& st);
+void store_kda(PagePool& pool, const StateLayout& L, int g, std::span<const PageId> pages,
+               const SeqState& st);
 void load_kda(const PagePool& pool, const StateLayout& L, int g, std::span<const PageId> pages, SeqState& st);
 
 }  // namespace k3

@@ -26,8 +26,8 @@ namespace k3 {
 struct Request {
   // ---- set by the submitter ----
   std::vector<int32_t> prompt;
-  int max_new = 16;                       // generated ids at most (stop ids not counted)
-  int64_t n_ctx = 4096;                   // prompt + generated must stay below this
+  int max_new = 16;      // generated ids at most (stop ids not counted)
+  int64_t n_ctx = 4096;  // prompt + generated must stay below this
   SamplerParams sampling;
   std::vector<int32_t> stop_ids;
   std::function<bool(int32_t id, const SampleResult& s)> on_token;
@@ -38,17 +38,17 @@ struct Request {
   // ---- scheduler state ----
   uint64_t id = 0;
   enum class Phase { waiting, prefill, decode, done } phase = Phase::waiting;
-  std::vector<int32_t> tokens;            // prompt ++ generated
+  std::vector<int32_t> tokens;  // prompt ++ generated
   int n_generated = 0;
   int64_t n_fed = 0, n_prefill = 0;
-  bool resume_decode = false;             // re-prefilled after a preemption: the pending id is known
-  int64_t n_cached = 0;                   // prompt ids restored from the prefix cache (first admission)
+  bool resume_decode = false;  // re-prefilled after a preemption: the pending id is known
+  int64_t n_cached = 0;        // prompt ids restored from the prefix cache (first admission)
   int n_preempted = 0;
   int64_t admitted_step = -1, first_token_step = -1;
   std::unique_ptr<SeqState> state;
   SeqCache cache_seq;
   std::unique_ptr<Sampler> sampler;
-  std::vector<float> logits;              // [n_vocab] of the last fed position
+  std::vector<float> logits;  // [n_vocab] of the last fed position
   bool is_long = false;
 };
 

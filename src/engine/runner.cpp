@@ -3,7 +3,8 @@
 
 namespace k3 {
 
-Status feed(Model& model, PrefixCache* cache, SeqSlot seq, std::span<const int32_t> ids, std::vector<float>* logits) {
+Status feed(Model& model, PrefixCache* cache, SeqSlot seq, std::span<const int32_t> ids,
+            std::vector<float>* logits) {
   SeqState& st = *seq.state;
   if (!cache) return model.forward(st, ids.data(), int64_t(ids.size()), logits, false);
   const int64_t th = cache->options().hash_tokens;
@@ -50,7 +51,8 @@ Result<int64_t> ModelBackend::start(Request& r) {
   r.state = model_.new_state();
   r.cache_seq = SeqCache{};
   if (!cache_) return int64_t(0);
-  return cache_->admit(r.cache_seq, std::span<const int32_t>(r.tokens).subspan(0, size_t(r.n_prefill)), *r.state);
+  return cache_->admit(r.cache_seq, std::span<const int32_t>(r.tokens).subspan(0, size_t(r.n_prefill)),
+                       *r.state);
 }
 
 Status ModelBackend::prefill(Request& r, std::span<const int32_t> ids) {

@@ -24,7 +24,8 @@ struct SeqSlot {
   SeqCache* cache_seq = nullptr;
 };
 
-Status feed(Model& model, PrefixCache* cache, SeqSlot seq, std::span<const int32_t> ids, std::vector<float>* logits);
+Status feed(Model& model, PrefixCache* cache, SeqSlot seq, std::span<const int32_t> ids,
+            std::vector<float>* logits);
 
 // One decode token for each of several sequences: reserve all, Model::forward_batch, commit all.
 // last_logits[i]: [n_vocab]. A reserve failure names the sequence in `failed`; the sequences before it

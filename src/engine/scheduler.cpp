@@ -26,7 +26,9 @@ void Scheduler::cancel_all() {
   for (auto& r : waiting_) r->cancelled = true;
 }
 
-bool Scheduler::idle() { return running_.empty() && n_waiting() == 0; }
+bool Scheduler::idle() {
+  return running_.empty() && n_waiting() == 0;
+}
 
 void Scheduler::take_incoming() {
   std::lock_guard<std::mutex> lock(mu_);

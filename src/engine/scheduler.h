@@ -46,9 +46,9 @@ class StepBackend {
 struct SchedulerOptions {
   int max_running = 4;
   int max_queue = 64;
-  int step_tokens = 256;        // tokens fed per step (decode ids + prefill chunks)
-  int long_prompt = 1024;       // a prompt this long or longer is "long"
-  int long_step_tokens = 64;    // prefill tokens a long prompt may use per step
+  int step_tokens = 256;      // tokens fed per step (decode ids + prefill chunks)
+  int long_prompt = 1024;     // a prompt this long or longer is "long"
+  int long_step_tokens = 64;  // prefill tokens a long prompt may use per step
 };
 
 struct SchedulerStats {
@@ -82,11 +82,11 @@ class Scheduler {
   StepBackend& be_;
   SchedulerOptions opt_;
   std::mutex mu_;
-  std::deque<std::shared_ptr<Request>> incoming_;   // guarded by mu_
+  std::deque<std::shared_ptr<Request>> incoming_;  // guarded by mu_
   std::deque<std::shared_ptr<Request>> waiting_;
-  std::vector<std::shared_ptr<Request>> running_;   // admission order
+  std::vector<std::shared_ptr<Request>> running_;  // admission order
   uint64_t next_id_ = 1;
-  std::atomic<size_t> n_waiting_{0};               // waiting_.size(), readable by submit()
+  std::atomic<size_t> n_waiting_{0};  // waiting_.size(), readable by submit()
   SchedulerStats stats_;
 };
 

@@ -1,6 +1,7 @@
 // protocol.cpp: request parsing and validation (protocol.h).
 #include "server/protocol.h"
 
+#include <cstdio>
 #include <random>
 
 namespace k3::server {
@@ -14,15 +15,20 @@ json error_body(const ApiError& e) {
 
 namespace {
 
-ApiError bad(const std::string& param, const std::string& msg) { return {400, msg, "invalid_request_error", param, ""}; }
+ApiError bad(const std::string& param, const std::string& msg) {
+  return {400, msg, "invalid_request_error", param, ""};
+}
 
 // Optional typed fields: absent or null -> untouched.
 std::optional<ApiError> get_number(const json& b, const char* key, double lo, double hi, float* out) {
   if (!b.contains(key) || b[key].is_null()) return std::nullopt;
   if (!b[key].is_number()) return bad(key, std::string("'") + key + "' must be a number");
   const double v = b[key].get<double>();
-  if (!(v >= lo && v <= hi))
-    return bad(key, std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  if (!(v >= lo && v <= hi)) {
+    char range[96];
+    std::snprintf(range, sizeof range, "[%g, %g]", lo, hi);
+    return bad(key, std::string("'") + key + "' must be in " + range);
+  }
   *out = float(v);
   return std::nullopt;
 }
@@ -32,7 +38,8 @@ std::optional<ApiError> get_int(const json& b, const char* key, int64_t lo, int6
   if (!b[key].is_number_integer()) return bad(key, std::string("'") + key + "' must be an integer");
   const int64_t v = b[key].get<int64_t>();
   if (v < lo || v > hi)
-    return bad(key, std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return bad(key, std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " +
+                        std::to_string(hi) + "]");
   *out = v;
   return std::nullopt;
 }
@@ -44,7 +51,7 @@ std::optional<ApiError> get_bool(const json& b, const char* key, bool* out) {
   return std::nullopt;
 }
 
-#define K3_TRY(expr)                  \
+#define K3_TRY(expr) \
   if (auto e_ = (expr)) return e_;
 
 std::optional<ApiError> parse_gen(const json& b, int32_t n_vocab, GenParams* g) {
@@ -79,7 +86,8 @@ std::optional<ApiError> parse_gen(const json& b, int32_t n_vocab, GenParams* g) 
     s.seed = std::random_device{}();
   }
   if (b.contains("logit_bias") && !b["logit_bias"].is_null()) {
-    if (!b["logit_bias"].is_object()) return bad("logit_bias", "'logit_bias' must be an object of token id -> bias");
+    if (!b["logit_bias"].is_object())
+      return bad("logit_bias", "'logit_bias' must be an object of token id -> bias");
     for (auto& [k, val] : b["logit_bias"].items()) {
       char* end = nullptr;
       long id = std::strtol(k.c_str(), &end, 10);
@@ -90,10 +98,13 @@ std::optional<ApiError> parse_gen(const json& b, int32_t n_vocab, GenParams* g) 
   }
   if (b.contains("stop") && !b["stop"].is_null()) {
     const json& st = b["stop"];
-    if (st.is_string()) g->stop.push_back(st.get<std::string>());
-    else if (st.is_array() && st.size() <= 4 && std::all_of(st.begin(), st.end(), [](const json& x) { return x.is_string(); }))
+    if (st.is_string())
+      g->stop.push_back(st.get<std::string>());
+    else if (st.is_array() && st.size() <= 4 &&
+             std::all_of(st.begin(), st.end(), [](const json& x) { return x.is_string(); }))
       for (const json& x : st) g->stop.push_back(x.get<std::string>());
-    else return bad("stop", "'stop' must be a string or a list of at most 4 strings");
+    else
+      return bad("stop", "'stop' must be a string or a list of at most 4 strings");
   }
   if (b.contains("stop_token_ids") && !b["stop_token_ids"].is_null()) {
     const json& st = b["stop_token_ids"];
@@ -126,7 +137,8 @@ std::optional<ApiError> text_of(const json& c, const std::string& where, std::st
       if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
         return bad(where, where + " parts must be objects with a 'type'");
       if (part["type"] != "text") return bad(where, where + ": only text parts are supported");
-      if (!part.contains("text") || !part["text"].is_string()) return bad(where, where + ": a text part needs 'text'");
+      if (!part.contains("text") || !part["text"].is_string())
+        return bad(where, where + ": a text part needs 'text'");
       *out += part["text"].get<std::string>();
     }
     return std::nullopt;
@@ -181,13 +193,16 @@ std::optional<ApiError> parse_chat(const json& b, int32_t n_vocab, ChatRequest* 
     if (!b["tools"].is_array()) return bad("tools", "'tools' must be a list");
     o.tools = ojson::parse(b["tools"].dump());
   }
-  if (b.contains("tool_choice") && !b["tool_choice"].is_null()) o.tool_choice = ojson::parse(b["tool_choice"].dump());
+  if (b.contains("tool_choice") && !b["tool_choice"].is_null())
+    o.tool_choice = ojson::parse(b["tool_choice"].dump());
   if (b.contains("response_format") && !b["response_format"].is_null())
     o.response_format = ojson::parse(b["response_format"].dump());
   if (b.contains("reasoning_effort") && b["reasoning_effort"].is_string()) {
     std::string e = b["reasoning_effort"].get<std::string>();
-    if (e == "none") o.thinking = false;
-    else o.thinking_effort = e == "minimal" ? "low" : e == "medium" ? "high" : e;
+    if (e == "none")
+      o.thinking = false;
+    else
+      o.thinking_effort = e == "minimal" ? "low" : e == "medium" ? "high" : e;
   }
   if (b.contains("chat_template_kwargs") && b["chat_template_kwargs"].is_object()) {
     const json& k = b["chat_template_kwargs"];
@@ -207,10 +222,12 @@ std::optional<ApiError> parse_completion(const json& b, int32_t n_vocab, Complet
   if (p.is_array() && p.size() == 1 && (p[0].is_string() || p[0].is_array())) p = p[0];
   if (p.is_string()) {
     out->prompt_text = p.get<std::string>();
-  } else if (p.is_array() && !p.empty() && std::all_of(p.begin(), p.end(), [](const json& x) { return x.is_number_integer(); })) {
+  } else if (p.is_array() && !p.empty() &&
+             std::all_of(p.begin(), p.end(), [](const json& x) { return x.is_number_integer(); })) {
     std::vector<int32_t> ids;
     for (const json& x : p) {
-      if (x.get<int64_t>() < 0 || x.get<int64_t>() >= n_vocab) return bad("prompt", "'prompt' holds a value that is not a token id");
+      if (x.get<int64_t>() < 0 || x.get<int64_t>() >= n_vocab)
+        return bad("prompt", "'prompt' holds a value that is not a token id");
       ids.push_back(x.get<int32_t>());
     }
     out->prompt_ids = std::move(ids);

@@ -34,8 +34,8 @@ struct ApiError {
 json error_body(const ApiError& e);
 
 struct GenParams {
-  std::string model;             // "" when absent
-  int max_tokens = -1;           // -1: the endpoint's default
+  std::string model;    // "" when absent
+  int max_tokens = -1;  // -1: the endpoint's default
   int n = 1;
   SamplerParams sampling;
   bool seed_given = false;
@@ -53,7 +53,7 @@ struct ChatRequest {
 
 struct CompletionRequest {
   GenParams gen;
-  std::string prompt_text;                  // when given as text
+  std::string prompt_text;                         // when given as text
   std::optional<std::vector<int32_t>> prompt_ids;  // when given as ids
   bool echo = false;
 };

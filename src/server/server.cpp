@@ -34,21 +34,25 @@ struct Server::Impl {
   int64_t created = 0;
   Metrics metrics;
 
-  Impl(Model& m, const Tokenizer& t, const ChatTemplate& c, ServerOptions o) : model(m), tok(t), tmpl(c), opt(std::move(o)) {
+  Impl(Model& m, const Tokenizer& t, const ChatTemplate& c, ServerOptions o)
+      : model(m), tok(t), tmpl(c), opt(std::move(o)) {
     const ModelConfig& cfg = model.config();
     if (opt.cache) {
       CacheOptions co = opt.cache_options;
       StateLayout L = StateLayout::make(cfg, co.block_tokens);
       if (co.n_pages <= 0) {  // every running sequence at full context, the same again for cached prefixes
         const int64_t blocks = (opt.n_ctx + co.block_tokens - 1) / co.block_tokens + 1;
-        co.n_pages = int32_t(2 * opt.sched.max_running * blocks * L.pages_per_block() +
-                             8 * opt.sched.max_running * int64_t(L.kda_layers.size()) * L.pages_per_kda_group());
+        co.n_pages =
+            int32_t(2 * opt.sched.max_running * blocks * L.pages_per_block() +
+                    8 * opt.sched.max_running * int64_t(L.kda_layers.size()) * L.pages_per_kda_group());
       }
       cache = std::make_unique<PrefixCache>(L, co);
     }
     backend = std::make_unique<ModelBackend>(model, cache.get());
     sched = std::make_unique<Scheduler>(*backend, opt.sched);
-    created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    created =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
   }
 
   void engine_loop() {
@@ -86,13 +90,16 @@ void send_json(httplib::Response& res, int status, const json& body) {
   res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
-void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.http, error_body(e)); }
+void send_error(httplib::Response& res, const ApiError& e) {
+  send_json(res, e.http, error_body(e));
+}
 
 std::optional<json> parse_body(const httplib::Request& req, httplib::Response& res) {
   try {
     return json::parse(req.body);
   } catch (const json::parse_error& e) {
-    send_error(res, {400, std::string("invalid JSON body: ") + e.what(), "invalid_request_error", "", "invalid_json"});
+    send_error(res, {400, std::string("invalid JSON body: ") + e.what(), "invalid_request_error", "",
+                     "invalid_json"});
     return std::nullopt;
   }
 }
@@ -104,15 +111,20 @@ void Server::Impl::routes() {
   http.new_task_queue = [] { return new httplib::ThreadPool(64); };
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (opt.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-    if (req.get_header_value("Authorization") == "Bearer " + opt.api_key) return httplib::Server::HandlerResponse::Unhandled;
+    if (req.get_header_value("Authorization") == "Bearer " + opt.api_key)
+      return httplib::Server::HandlerResponse::Unhandled;
     send_error(res, {401, "invalid or missing API key", "authentication_error", "", "invalid_api_key"});
     return httplib::Server::HandlerResponse::Handled;
   });
   http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    if (res.status == 404) send_error(res, {404, "no route " + req.method + " " + req.path, "invalid_request_error", "", "not_found"});
-    else if (res.status == 413) send_error(res, {413, "request body too large", "invalid_request_error", "", "payload_too_large"});
-    else if (res.status >= 400 && res.status < 500) send_error(res, {res.status, "bad request", "invalid_request_error", "", ""});
+    if (res.status == 404)
+      send_error(res,
+                 {404, "no route " + req.method + " " + req.path, "invalid_request_error", "", "not_found"});
+    else if (res.status == 413)
+      send_error(res, {413, "request body too large", "invalid_request_error", "", "payload_too_large"});
+    else if (res.status >= 400 && res.status < 500)
+      send_error(res, {res.status, "bad request", "invalid_request_error", "", ""});
   });
   http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "internal error";
@@ -127,7 +139,10 @@ void Server::Impl::routes() {
 
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
   auto model_obj = [this] {
-    return json{{"id", opt.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "k3.cpp"},
+    return json{{"id", opt.model_id},
+                {"object", "model"},
+                {"created", created},
+                {"owned_by", "k3.cpp"},
                 {"max_model_len", opt.n_ctx}};
   };
   http.Get("/v1/models", [this, model_obj](const httplib::Request&, httplib::Response& res) {
@@ -135,7 +150,8 @@ void Server::Impl::routes() {
   });
   http.Get(R"(/v1/models/(.+))", [this, model_obj](const httplib::Request& req, httplib::Response& res) {
     if (req.matches[1] == opt.model_id) return send_json(res, 200, model_obj());
-    send_error(res, {404, "the model '" + std::string(req.matches[1]) + "' does not exist", "invalid_request_error", "model", "model_not_found"});
+    send_error(res, {404, "the model '" + std::string(req.matches[1]) + "' does not exist",
+                     "invalid_request_error", "model", "model_not_found"});
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics.prometheus(), "text/plain; version=0.0.4");
@@ -145,7 +161,8 @@ void Server::Impl::routes() {
     if (!body) return;
     if (!body->is_object() || !body->contains("prompt") || !(*body)["prompt"].is_string())
       return send_error(res, {400, "'prompt' must be a string", "invalid_request_error", "prompt", ""});
-    std::vector<int32_t> ids = tok.encode((*body)["prompt"].get<std::string>(), body->value("add_special_tokens", false));
+    std::vector<int32_t> ids =
+        tok.encode((*body)["prompt"].get<std::string>(), body->value("add_special_tokens", false));
     send_json(res, 200, {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", opt.n_ctx}});
   });
   http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
@@ -153,11 +170,13 @@ void Server::Impl::routes() {
     if (!body) return;
     const int32_t V = tok.n_vocab();
     if (!body->is_object() || !body->contains("tokens") || !(*body)["tokens"].is_array())
-      return send_error(res, {400, "'tokens' must be a list of token ids", "invalid_request_error", "tokens", ""});
+      return send_error(res,
+                        {400, "'tokens' must be a list of token ids", "invalid_request_error", "tokens", ""});
     std::vector<int32_t> ids;
     for (const json& x : (*body)["tokens"]) {
       if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= V)
-        return send_error(res, {400, "'tokens' holds a value that is not a token id", "invalid_request_error", "tokens", ""});
+        return send_error(res, {400, "'tokens' holds a value that is not a token id", "invalid_request_error",
+                                "tokens", ""});
       ids.push_back(x.get<int32_t>());
     }
     send_json(res, 200, {{"prompt", utf8_sanitize(tok.decode(ids))}});
@@ -166,8 +185,9 @@ void Server::Impl::routes() {
     return [this, chat](const httplib::Request& req, httplib::Response& res) {
       auto body = parse_body(req, res);
       if (!body) return;
-      SessionEnv env{model.config(), tok, tmpl, opt.model_id, opt.n_ctx, created, metrics,
-                     [this](const std::shared_ptr<Request>& r) { return submit(r); }};
+      SessionEnv env{
+          model.config(), tok,     tmpl,    opt.model_id,
+          opt.n_ctx,      created, metrics, [this](const std::shared_ptr<Request>& r) { return submit(r); }};
       metrics.requests++;
       run_session(env, chat, *body, res);
     };
@@ -186,7 +206,9 @@ Server::~Server() {
   if (impl_->engine.joinable()) impl_->engine.join();
 }
 
-int Server::port() const { return impl_->opt.port; }
+int Server::port() const {
+  return impl_->opt.port;
+}
 
 Status Server::run() {
   Impl& s = *impl_;
@@ -197,9 +219,10 @@ Status Server::run() {
     return error(Code::invalid_argument, "cannot bind " + s.opt.host + ":" + std::to_string(s.opt.port));
   }
   s.engine = std::thread([&s] { s.engine_loop(); });
-  std::fprintf(stderr, "k3 serve: listening on http://%s:%d (model '%s', ctx %lld, parallel %d, prefix cache %s)\n",
-               s.opt.host.c_str(), s.opt.port, s.opt.model_id.c_str(), (long long)s.opt.n_ctx, s.opt.sched.max_running,
-               s.cache ? "on" : "off");
+  std::fprintf(stderr,
+               "k3 serve: listening on http://%s:%d (model '%s', ctx %lld, parallel %d, prefix cache %s)\n",
+               s.opt.host.c_str(), s.opt.port, s.opt.model_id.c_str(), (long long)s.opt.n_ctx,
+               s.opt.sched.max_running, s.cache ? "on" : "off");
   const bool ok = s.http.listen_after_bind();
   s.stopping = true;
   s.wake.notify_one();

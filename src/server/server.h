@@ -25,11 +25,11 @@ namespace k3::server {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;
-  std::string api_key;            // "" = no auth
+  std::string api_key;  // "" = no auth
   std::string model_id = "k3";
   int64_t n_ctx = 4096;
-  bool cache = true;              // prefix cache on
-  CacheOptions cache_options;     // n_pages = 0: sized from n_ctx and the scheduler's max_running
+  bool cache = true;           // prefix cache on
+  CacheOptions cache_options;  // n_pages = 0: sized from n_ctx and the scheduler's max_running
   SchedulerOptions sched;
   size_t max_body_bytes = 16u << 20;
 };

@@ -33,7 +33,8 @@ std::string Metrics::prometheus() const {
   line("k3_request_errors_total", "counter", "Requests answered with an error.", errors);
   line("k3_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", prompt_tokens);
   line("k3_generation_tokens_total", "counter", "Generated tokens.", generated_tokens);
-  line("k3_cache_hit_tokens_total", "counter", "Prompt tokens restored from the prefix cache.", cached_tokens);
+  line("k3_cache_hit_tokens_total", "counter", "Prompt tokens restored from the prefix cache.",
+       cached_tokens);
   line("k3_requests_running", "gauge", "Requests being computed.", running);
   line("k3_requests_waiting", "gauge", "Requests in the queue.", waiting);
   line("k3_pool_pages_used", "gauge", "Cache pages held by running requests.", pages_used);
@@ -43,7 +44,8 @@ std::string Metrics::prometheus() const {
        "# TYPE k3_time_to_first_token_seconds histogram\n";
   const char* le[6] = {"0.1", "0.5", "1", "5", "30", "+Inf"};
   for (int i = 0; i < 6; ++i)
-    o += std::string("k3_time_to_first_token_seconds_bucket{le=\"") + le[i] + "\"} " + std::to_string(ttft_le[i]) + "\n";
+    o += std::string("k3_time_to_first_token_seconds_bucket{le=\"") + le[i] + "\"} " +
+         std::to_string(ttft_le[i]) + "\n";
   o += "k3_time_to_first_token_seconds_sum " + std::to_string(ttft_sum.load()) + "\n";
   o += "k3_time_to_first_token_seconds_count " + std::to_string(ttft_count.load()) + "\n";
   return o;
@@ -87,8 +89,8 @@ struct Choice {
   int index = 0;
   std::shared_ptr<Request> req;
   std::shared_ptr<Channel> ch = std::make_shared<Channel>();
-  std::unique_ptr<OutputParser> parser;   // chat
-  std::unique_ptr<StreamDecoder> dec;     // completions
+  std::unique_ptr<OutputParser> parser;  // chat
+  std::unique_ptr<StreamDecoder> dec;    // completions
   std::unique_ptr<StopMatcher> stop;
   int n_tokens = 0;
   bool done = false, stop_hit = false;
@@ -111,8 +113,10 @@ struct Call {
 void emit(Choice& c, ChatEvent::Kind kind, std::string t, std::vector<ChatEvent>& out) {
   if (t.empty()) return;
   (kind == ChatEvent::Kind::reasoning ? c.reasoning : c.content) += t;
-  if (!out.empty() && out.back().kind == kind) out.back().text += t;
-  else out.push_back({kind, std::move(t), {}, 0});
+  if (!out.empty() && out.back().kind == kind)
+    out.back().text += t;
+  else
+    out.push_back({kind, std::move(t), {}, 0});
 }
 
 void on_chat_events(Choice& c, std::vector<ChatEvent>& ev, std::vector<ChatEvent>& out) {
@@ -163,7 +167,9 @@ void poll(Choice& c, bool chat, std::vector<ChatEvent>& out, int wait_ms, Metric
   }
 }
 
-bool failed(const Choice& c) { return c.done && !c.stop_hit && c.why == FinishReason::aborted && !c.err.ok(); }
+bool failed(const Choice& c) {
+  return c.done && !c.stop_hit && c.why == FinishReason::aborted && !c.err.ok();
+}
 
 std::string finish_reason(const Choice& c) {
   if (!c.calls.empty()) return "tool_calls";
@@ -173,7 +179,8 @@ std::string finish_reason(const Choice& c) {
 
 ApiError engine_error(const Status& s) {
   if (s.code() == Code::out_of_memory)
-    return {400, "the request does not fit the KV cache: " + s.message(), "invalid_request_error", "", "context_length_exceeded"};
+    return {400, "the request does not fit the KV cache: " + s.message(), "invalid_request_error", "",
+            "context_length_exceeded"};
   return {500, s.message(), "server_error", "", "internal_error"};
 }
 
@@ -183,7 +190,9 @@ json usage(const Call& call) {
     gen += c.n_tokens;
     if (c.parser) reasoning += c.parser->result().n_reasoning_tokens;
   }
-  json u = {{"prompt_tokens", call.n_prompt}, {"completion_tokens", gen}, {"total_tokens", call.n_prompt + gen},
+  json u = {{"prompt_tokens", call.n_prompt},
+            {"completion_tokens", gen},
+            {"total_tokens", call.n_prompt + gen},
             {"prompt_tokens_details", {{"cached_tokens", call.choices[0].req->n_cached}}}};
   if (call.chat) u["completion_tokens_details"] = {{"reasoning_tokens", reasoning}};
   return u;
@@ -195,14 +204,19 @@ json tool_call_json(const ToolCall& t, int index, bool stream) {
   return j;
 }
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 json chunk(const SessionEnv& env, const Call& call, int index, json delta, json finish) {
   json ch;
   if (call.chat)
     ch = {{"index", index}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", finish}};
   else
-    ch = {{"index", index}, {"text", delta.value("content", "")}, {"logprobs", nullptr}, {"finish_reason", finish}};
+    ch = {{"index", index},
+          {"text", delta.value("content", "")},
+          {"logprobs", nullptr},
+          {"finish_reason", finish}};
   json c = {{"id", call.id},
             {"object", call.chat ? "chat.completion.chunk" : "text_completion"},
             {"created", env.created},
@@ -216,14 +230,17 @@ json chunk(const SessionEnv& env, const Call& call, int index, json delta, json 
 std::vector<json> deltas(const std::vector<ChatEvent>& out, std::vector<int>* n_calls) {
   std::vector<json> d;
   for (const ChatEvent& e : out) {
-    if (e.kind == ChatEvent::Kind::reasoning) d.push_back({{"reasoning_content", e.text}, {"reasoning", e.text}});
-    else if (e.kind == ChatEvent::Kind::content) d.push_back({{"content", e.text}});
+    if (e.kind == ChatEvent::Kind::reasoning)
+      d.push_back({{"reasoning_content", e.text}, {"reasoning", e.text}});
+    else if (e.kind == ChatEvent::Kind::content)
+      d.push_back({{"content", e.text}});
     else {
       const int k = (*n_calls)[0]++;
       json head = tool_call_json(e.call, k, true);
       head["function"]["arguments"] = "";
       d.push_back({{"tool_calls", json::array({head})}});
-      d.push_back({{"tool_calls", json::array({{{"index", k}, {"function", {{"arguments", e.call.arguments}}}}})}});
+      d.push_back(
+          {{"tool_calls", json::array({{{"index", k}, {"function", {{"arguments", e.call.arguments}}}}})}});
     }
   }
   return d;
@@ -250,11 +267,15 @@ void respond_whole(const SessionEnv& env, Call& call, httplib::Response& res) {
       if (!c.reasoning.empty()) msg["reasoning_content"] = c.reasoning, msg["reasoning"] = c.reasoning;
       if (!c.calls.empty()) {
         msg["tool_calls"] = json::array();
-        for (size_t k = 0; k < c.calls.size(); ++k) msg["tool_calls"].push_back(tool_call_json(c.calls[k], int(k), false));
+        for (size_t k = 0; k < c.calls.size(); ++k)
+          msg["tool_calls"].push_back(tool_call_json(c.calls[k], int(k), false));
       }
-      choices.push_back({{"index", c.index}, {"message", msg}, {"logprobs", nullptr}, {"finish_reason", finish_reason(c)}});
+      choices.push_back(
+          {{"index", c.index}, {"message", msg}, {"logprobs", nullptr}, {"finish_reason", finish_reason(c)}});
     } else {
-      choices.push_back({{"index", c.index}, {"text", call.echo + c.content}, {"logprobs", nullptr},
+      choices.push_back({{"index", c.index},
+                         {"text", call.echo + c.content},
+                         {"logprobs", nullptr},
                          {"finish_reason", finish_reason(c)}});
     }
   }
@@ -281,8 +302,10 @@ void respond_stream(const SessionEnv& env, std::shared_ptr<Call> call, httplib::
         };
         std::vector<int> n_calls(call->choices.size(), 0);
         for (Choice& c : call->choices) {
-          json first = call->chat ? json{{"role", "assistant"}, {"content", ""}} : json{{"content", call->echo}};
-          if ((call->chat || !call->echo.empty()) && !send(chunk(e, *call, c.index, first, nullptr))) return false;
+          json first =
+              call->chat ? json{{"role", "assistant"}, {"content", ""}} : json{{"content", call->echo}};
+          if ((call->chat || !call->echo.empty()) && !send(chunk(e, *call, c.index, first, nullptr)))
+            return false;
         }
         for (bool all_done = false; !all_done;) {
           all_done = true;
@@ -354,7 +377,8 @@ void run_session(const SessionEnv& env, bool chat, const json& body, httplib::Re
     gen = cr.gen;
     chat_opts = cr.options;
     if (!gen.model.empty() && gen.model != env.model_id)
-      return fail({404, "the model '" + gen.model + "' does not exist", "invalid_request_error", "model", "model_not_found"});
+      return fail({404, "the model '" + gen.model + "' does not exist", "invalid_request_error", "model",
+                   "model_not_found"});
     auto ids = env.tmpl.render(cr.messages, cr.options);
     if (!ids.ok()) return fail({400, ids.status().message(), "invalid_request_error", "messages", ""});
     prompt = std::move(ids).value();
@@ -363,15 +387,17 @@ void run_session(const SessionEnv& env, bool chat, const json& body, httplib::Re
     if (auto e = parse_completion(body, env.cfg.n_vocab, &cr)) return fail(*e);
     gen = cr.gen;
     if (!gen.model.empty() && gen.model != env.model_id)
-      return fail({404, "the model '" + gen.model + "' does not exist", "invalid_request_error", "model", "model_not_found"});
+      return fail({404, "the model '" + gen.model + "' does not exist", "invalid_request_error", "model",
+                   "model_not_found"});
     prompt = cr.prompt_ids ? *cr.prompt_ids : env.tok.encode(cr.prompt_text, false);
-    if (prompt.empty()) return fail({400, "the prompt encodes to no tokens", "invalid_request_error", "prompt", ""});
+    if (prompt.empty())
+      return fail({400, "the prompt encodes to no tokens", "invalid_request_error", "prompt", ""});
     if (cr.echo) call->echo = cr.prompt_ids ? utf8_sanitize(env.tok.decode(prompt)) : cr.prompt_text;
   }
   if (int64_t(prompt.size()) >= env.n_ctx)
     return fail({400,
-                 "This model's maximum context length is " + std::to_string(env.n_ctx) + " tokens; the prompt has " +
-                     std::to_string(prompt.size()) + " tokens.",
+                 "This model's maximum context length is " + std::to_string(env.n_ctx) +
+                     " tokens; the prompt has " + std::to_string(prompt.size()) + " tokens.",
                  "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded"});
   std::vector<int32_t> stops = gen.stop_token_ids;
   if (!gen.ignore_eos) {
@@ -390,8 +416,10 @@ void run_session(const SessionEnv& env, bool chat, const json& body, httplib::Re
     Choice& c = call->choices[size_t(i)];
     c.index = i;
     c.stop = std::make_unique<StopMatcher>(gen.stop);
-    if (chat) c.parser = env.tmpl.make_parser(chat_opts);
-    else c.dec = std::make_unique<StreamDecoder>(env.tok);
+    if (chat)
+      c.parser = env.tmpl.make_parser(chat_opts);
+    else
+      c.dec = std::make_unique<StreamDecoder>(env.tok);
     auto r = std::make_shared<Request>();
     r->prompt = prompt;
     r->max_new = int(gen.max_tokens > 0 ? std::min<int64_t>(gen.max_tokens, room) : room);
@@ -410,7 +438,8 @@ void run_session(const SessionEnv& env, bool chat, const json& body, httplib::Re
   for (size_t i = 0; i < call->choices.size(); ++i)
     if (!env.submit(call->choices[i].req)) {
       for (size_t j = 0; j < i; ++j) call->choices[j].req->cancelled = true;
-      return fail({429, "the server is busy: the request queue is full; retry later", "rate_limit_error", "", "queue_full"});
+      return fail({429, "the server is busy: the request queue is full; retry later", "rate_limit_error", "",
+                   "queue_full"});
     }
   env.metrics.prompt_tokens += int64_t(prompt.size());
   if (call->stream) return respond_stream(env, call, res);

@@ -30,7 +30,9 @@ std::vector<int32_t> tokens(int64_t n, int32_t vocab, uint32_t seed) {
   return t;
 }
 
-int32_t argmax(const std::vector<float>& z) { return int32_t(std::max_element(z.begin(), z.end()) - z.begin()); }
+int32_t argmax(const std::vector<float>& z) {
+  return int32_t(std::max_element(z.begin(), z.end()) - z.begin());
+}
 
 class CacheHybrid : public ::testing::TestWithParam<std::string> {};
 

@@ -30,14 +30,16 @@ void fake_forward(const ModelConfig& c, SeqState& st, std::span<const int32_t> i
     if (c.layer_attn[size_t(l)] == AttnKind::kda) {
       KdaState& s = st.kda[size_t(l)];
       for (int32_t id : ids) {
-        for (size_t i = 0; i < s.S.size(); ++i) s.S[i] = 0.5f * s.S[i] + float(id % 7 + l) * 0.01f * float(i % 5 + 1);
-        for (size_t i = 0; i < s.conv.size(); ++i) s.conv[i] = 0.25f * s.conv[i] + float(id) * 0.001f + float(i);
+        for (size_t i = 0; i < s.S.size(); ++i)
+          s.S[i] = 0.5f * s.S[i] + float(id % 7 + l) * 0.01f * float(i % 5 + 1);
+        for (size_t i = 0; i < s.conv.size(); ++i)
+          s.conv[i] = 0.25f * s.conv[i] + float(id) * 0.001f + float(i);
       }
     } else {
       for (size_t t = 0; t < ids.size(); ++t)
         for (int64_t d = 0; d < dl; ++d)
-          st.mla[size_t(l)].latent.push_back(float(l * 100) + float(n + int64_t(t)) * 0.5f + float(ids[t]) * 0.01f +
-                                            float(d) * 0.001f);
+          st.mla[size_t(l)].latent.push_back(float(l * 100) + float(n + int64_t(t)) * 0.5f +
+                                             float(ids[t]) * 0.01f + float(d) * 0.001f);
     }
   }
   detail::set_n_past(st, n + int64_t(ids.size()));
@@ -168,7 +170,7 @@ void rule_pin_scenario(bool rule, bool* admitted, bool* state_ok) {
     cache.release(sc, false);
   } else {
     EXPECT_EQ(hit.status().code(), Code::out_of_memory);
-    EXPECT_EQ(cache.lookup(p2, 52), 48);  // nothing was lost
+    EXPECT_EQ(cache.lookup(p2, 52), 48);                           // nothing was lost
     EXPECT_EQ(cache.pool().n_used(), cache.pool().n_evictable());  // and nothing is held
   }
 }
@@ -241,8 +243,9 @@ TEST(CachePrefix, Rule3EvictionDropsSiblingGroups) {
     PagePool& pool = cache.pool();
     ASSERT_TRUE(pool.alloc(PageKind::mla_latent).ok());
     ASSERT_TRUE(pool.alloc(PageKind::mla_latent).ok());
-    ASSERT_TRUE(pool.alloc(PageKind::mla_latent).ok());  // evicts the oldest cached page: group 0's checkpoint
-    EXPECT_EQ(cache.lookup(p, 48), 0);  // no restorable checkpoint at 48 (nor below)
+    ASSERT_TRUE(
+        pool.alloc(PageKind::mla_latent).ok());  // evicts the oldest cached page: group 0's checkpoint
+    EXPECT_EQ(cache.lookup(p, 48), 0);           // no restorable checkpoint at 48 (nor below)
     if (rule) {
       EXPECT_EQ(cache.n_checkpoints(), 0);
       EXPECT_EQ(pool.n_free(), 1);  // group 1's page came back with it

@@ -13,7 +13,9 @@ namespace k3 {
 namespace {
 
 constexpr int32_t kVocab = 50;
-int32_t next_of(int32_t last) { return (last * 7 + 3) % kVocab; }
+int32_t next_of(int32_t last) {
+  return (last * 7 + 3) % kVocab;
+}
 
 // Logits: one-hot at next_of(last fed id). Holds at most `capacity` fed ids over all live sequences.
 class FakeBackend : public StepBackend {
@@ -83,7 +85,8 @@ std::vector<int32_t> expected(int n_prompt, int max_new, int32_t seed = 1) {
 }
 
 void run_all(Scheduler& s, int max_steps = 1000) {
-  for (int i = 0; i < max_steps && s.step(); ++i) {}
+  for (int i = 0; i < max_steps && s.step(); ++i) {
+  }
 }
 
 TEST(Scheduler, ContinuousBatchingFinishesEveryRequest) {

@@ -5,9 +5,9 @@
 //            [--cache-pages N] [--no-cache] [--precision fp32|bf16] [-t THREADS]
 //
 // Serves until SIGINT / SIGTERM (then finishes the HTTP loop and aborts what is still running).
+#include <pthread.h>
 #include <csignal>
 #include <filesystem>
-#include <pthread.h>
 #include <thread>
 
 #include "commands.h"
@@ -39,7 +39,8 @@ Status serve(ServeArgs& a) {
   K3_ASSIGN_OR_RETURN(Loaded l, load_model(a.model, /*with_tokenizer=*/true));
   K3_ASSIGN_OR_RETURN(auto tmpl, make_chat_template(l.model->config().chat_format(), *l.tok));
   if (a.opt.model_id.empty()) a.opt.model_id = std::filesystem::path(a.model.dir).filename().string();
-  if (a.opt.model_id.empty()) a.opt.model_id = std::filesystem::path(a.model.dir).parent_path().filename().string();
+  if (a.opt.model_id.empty())
+    a.opt.model_id = std::filesystem::path(a.model.dir).parent_path().filename().string();
   a.opt.cache = !a.no_cache;
   server::Server srv(*l.model, *l.tok, *tmpl, a.opt);
   std::thread watcher([&srv, set] {
@@ -65,7 +66,8 @@ void add_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server");
   add_model_options(cmd, &a->model);
   cmd->add_option("--host", a->opt.host, "address to bind (default 127.0.0.1)");
-  cmd->add_option("--port", a->opt.port, "port (default 8080; 0 = any free port)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--port", a->opt.port, "port (default 8080; 0 = any free port)")
+      ->check(CLI::Range(0, 65535));
   cmd->add_option("--parallel", a->opt.sched.max_running, "requests computed at once (default 4)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("-c,--ctx-size", a->opt.n_ctx, "tokens per sequence, prompt + output (default 4096)");
@@ -73,13 +75,16 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--alias", a->opt.model_id, "model id reported and accepted (default: the directory name)");
   cmd->add_option("--max-queue", a->opt.sched.max_queue, "waiting requests before 429 (default 64)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--step-tokens", a->opt.sched.step_tokens, "tokens computed per scheduler step (default 256)")
+  cmd->add_option("--step-tokens", a->opt.sched.step_tokens,
+                  "tokens computed per scheduler step (default 256)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--cache-block", a->opt.cache_options.block_tokens, "prefix cache physical block, tokens (256)")
+  cmd->add_option("--cache-block", a->opt.cache_options.block_tokens,
+                  "prefix cache physical block, tokens (256)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--cache-hash", a->opt.cache_options.hash_tokens, "prefix cache hash block, tokens (64)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--cache-pages", a->opt.cache_options.n_pages, "pages in the pool (default: from -c and --parallel)");
+  cmd->add_option("--cache-pages", a->opt.cache_options.n_pages,
+                  "pages in the pool (default: from -c and --parallel)");
   cmd->add_flag("--no-cache", a->no_cache, "turn the prefix cache off");
   cmd->callback([a] {
     Status s = serve(*a);
