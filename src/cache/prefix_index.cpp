@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "cache/seq_state_access.h"
 
 namespace k3 {
 
@@ -202,7 +201,7 @@ Result<int64_t> PrefixCache::admit(SeqCache& s, std::span<const int32_t> prompt,
     load_rows(pool_, L_, blocks_[size_t(s.blocks[i])].pages, 0, st,
               std::min<int64_t>(T, m.n - int64_t(i) * T));
   for (int g = 0; g < int(ckpt_pages.size()); ++g) load_kda(pool_, L_, g, ckpt_pages[size_t(g)], st);
-  detail::set_n_past(st, m.n);
+  st.set_n_past(m.n);
   s.tokens.assign(prompt.begin(), prompt.begin() + m.n);
   s.hashes = chain_all(prompt, m.n, Th);
   s.n_saved = m.n;

@@ -24,6 +24,9 @@ class SeqState {
   int64_t n_past() const { return n_past_; }
   // Back to an empty sequence (zero S and conv windows, empty caches).
   void reset();
+  // After a caller filled the buffers itself (a prefix-cache restore: latent rows, index keys, S and conv
+  // windows for positions [0, n)), declares how many positions they hold.
+  void set_n_past(int64_t n) { n_past_ = n; }
   std::unique_ptr<SeqState> clone() const { return std::make_unique<SeqState>(*this); }
   // Bytes held by the state buffers.
   int64_t bytes() const;

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "cache/prefix_index.h"
-#include "cache/seq_state_access.h"
 
 namespace k3 {
 namespace {
@@ -42,7 +41,7 @@ void fake_forward(const ModelConfig& c, SeqState& st, std::span<const int32_t> i
                                              float(ids[t]) * 0.01f + float(d) * 0.001f);
     }
   }
-  detail::set_n_past(st, n + int64_t(ids.size()));
+  st.set_n_past(n + int64_t(ids.size()));
 }
 
 void expect_same_state(const SeqState& a, const SeqState& b) {
