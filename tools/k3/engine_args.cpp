@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <random>
 
+#include <unistd.h>
+
 #include "commands.h"
 
 namespace k3::cli {
@@ -21,7 +23,9 @@ Result<Loaded> load_model(const ModelArgs& a, bool with_tokenizer) {
   ModelOptions opt;
   opt.precision = a.precision == "bf16" ? Precision::bf16 : Precision::fp32;
   opt.n_threads = a.threads;
-  K3_ASSIGN_OR_RETURN(l.ckpt, Checkpoint::open(a.dir));
+  CheckpointOptions copt;
+  copt.progress = isatty(STDERR_FILENO);  // a bar while shards are mapped, only on a terminal
+  K3_ASSIGN_OR_RETURN(l.ckpt, Checkpoint::open(a.dir, copt));
   if (with_tokenizer) {
     K3_ASSIGN_OR_RETURN(l.tok, Tokenizer::open(a.dir));
     if (l.tok->n_vocab() > l.ckpt->config().n_vocab)
