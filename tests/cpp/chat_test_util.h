@@ -20,6 +20,15 @@
 
 namespace k3::test {
 
+// A message with just a role and text content.
+inline Message msg(std::string role, std::string content) {
+  Message m;
+  m.role = std::move(role);
+  m.content = std::move(content);
+  return m;
+}
+
+
 class FakeTokenizer final : public Tokenizer {
  public:
   explicit FakeTokenizer(const std::string& family) {

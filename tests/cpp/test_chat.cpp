@@ -9,6 +9,7 @@
 namespace k3 {
 namespace {
 
+using test::msg;
 using test::FakeTokenizer;
 using test::spell;
 
@@ -36,13 +37,6 @@ class K3Chat : public ::testing::Test {
   FakeTokenizer tok{"k3"};
   std::unique_ptr<ChatTemplate> tmpl;
 };
-
-Message msg(std::string role, std::string content) {
-  Message m;
-  m.role = std::move(role);
-  m.content = std::move(content);
-  return m;
-}
 
 TEST_F(K3Chat, SystemUserExactIds) {
   std::vector<Message> msgs = {msg("system", "You are helpful."), msg("user", "hi")};

@@ -9,18 +9,12 @@
 namespace k3 {
 namespace {
 
+using test::msg;
 using test::FakeTokenizer;
 using test::parse_every_way;
 using test::spell;
 
 const std::string kSys = "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>";
-
-Message msg(std::string role, std::string content) {
-  Message m;
-  m.role = std::move(role);
-  m.content = std::move(content);
-  return m;
-}
 
 class K2Chat : public ::testing::Test {
  protected:

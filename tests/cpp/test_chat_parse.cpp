@@ -8,16 +8,10 @@
 namespace k3 {
 namespace {
 
+using test::msg;
 using test::FakeTokenizer;
 using test::parse_chunked;
 using test::spell;
-
-Message msg(std::string role, std::string content) {
-  Message m;
-  m.role = std::move(role);
-  m.content = std::move(content);
-  return m;
-}
 
 class K3Parse : public ::testing::Test {
  protected:

@@ -9,15 +9,9 @@
 namespace k3 {
 namespace {
 
+using test::msg;
 using test::parse_every_way;
 using test::spell;
-
-Message msg(std::string role, std::string content) {
-  Message m;
-  m.role = std::move(role);
-  m.content = std::move(content);
-  return m;
-}
 
 std::unique_ptr<Tokenizer> open_tiny(const char* family) {
   auto t = Tokenizer::open(std::string(K3_SOURCE_DIR) + "/tests/data/tokenizer-tiny-" + family);
