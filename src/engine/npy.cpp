@@ -142,12 +142,12 @@ Result<NpyArray> parse_npy(std::string_view bytes, const std::string& name) {
   K3_RETURN_IF_ERROR(parse_header(bytes.substr(header_at, header_len), name, &descr, &fortran, &a.shape));
   if (fortran) return bad("Fortran-order arrays are not supported (save with C order)");
   int item = 0;
-  if (descr == "<f4" || descr == "<i4")
+  if (descr == "<f4" || descr == "<i4" || descr == "<u4")
     item = 4;
   else if (descr == "<f8" || descr == "<i8")
     item = 8;
   else
-    return bad("dtype '" + descr + "' is not supported (float32/float64/int32/int64, little endian)");
+    return bad("dtype '" + descr + "' is not supported (float32/float64/int32/uint32/int64, little endian)");
 
   const std::string_view data = bytes.substr(header_at + header_len);
   const int64_t n = a.numel();
@@ -167,7 +167,15 @@ Result<NpyArray> parse_npy(std::string_view bytes, const std::string& name) {
   } else {
     a.type = NpyType::i32;
     a.i32.resize(size_t(n));
-    if (item == 4 && n > 0) std::memcpy(a.i32.data(), p, size_t(n) * 4);
+    if (descr == "<i4" && n > 0) std::memcpy(a.i32.data(), p, size_t(n) * 4);
+    for (int64_t i = 0; descr == "<u4" && i < n; ++i) {
+      uint32_t v;
+      std::memcpy(&v, p + i * 4, 4);
+      if (v > uint32_t(std::numeric_limits<int32_t>::max()))
+        return bad("uint32 value " + std::to_string(v) + " at index " + std::to_string(i) +
+                   " does not fit in int32");
+      a.i32[size_t(i)] = int32_t(v);
+    }
     for (int64_t i = 0; item == 8 && i < n; ++i) {
       int64_t v;
       std::memcpy(&v, p + i * 8, 8);

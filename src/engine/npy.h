@@ -6,7 +6,7 @@
 //             with spaces and one '\n' so that the data starts at a multiple of 64 bytes
 //   data   := numel elements, C order, little endian
 //
-// Written: float32 ('<f4') and int32 ('<i4'). Read: '<f4' and '<f8' (-> float32), '<i4' and '<i8'
+// Written: float32 ('<f4') and int32 ('<i4'). Read: '<f4' and '<f8' (-> float32), '<i4', '<u4' and '<i8'
 // (-> int32, range-checked: NumPy's default integer is int64), '|u1'/'|i1' not supported. Fortran order,
 // big-endian data, a truncated file or a shape that does not match the data size -> Status naming the file.
 #pragma once

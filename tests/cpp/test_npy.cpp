@@ -84,6 +84,17 @@ TEST(Npy, ReadsNumpyDefaultInt64AndFloat64) {
   EXPECT_EQ(b->f32, (std::vector<float>{1.5f, -2.25f}));
 }
 
+TEST(Npy, ReadsUint32TokenIdsRangeChecked) {
+  const std::vector<uint32_t> v = {0, 7, 163839};
+  auto a = parse_npy(numpy_file("{'descr': '<u4', 'fortran_order': False, 'shape': (3,), }", raw(v)));
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  EXPECT_EQ(a->i32, (std::vector<int32_t>{0, 7, 163839}));
+  const std::vector<uint32_t> big = {1u << 31};
+  auto b = parse_npy(numpy_file("{'descr': '<u4', 'fortran_order': False, 'shape': (1,), }", raw(big)), "t.npy");
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("does not fit in int32"), std::string::npos) << b.status().message();
+}
+
 TEST(Npy, RejectsMalformedFilesWithAStatus) {
   const std::vector<float> x = {1.f, 2.f};
   const std::string good = numpy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", raw(x));

@@ -17,80 +17,16 @@
 #include "core/status.h"
 #include "io/checkpoint.h"
 #include "io/tokenizer.h"
+#include "engine/npy.h"
 #include "model/model.h"
 
 namespace k3::cli {
 namespace {
 
-Status write_npy_f32(const std::string& path, const std::vector<float>& data, int64_t rows, int64_t cols) {
-  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(rows) + ", " +
-                       std::to_string(cols) + "), }";
-  const size_t total = 10 + header.size() + 1;
-  header.append((64 - total % 64) % 64, ' ');
-  header.push_back('\n');
-  std::ofstream f(path, std::ios::binary);
-  if (!f) return error(Code::bad_file, "cannot write " + path);
-  const uint16_t hlen = uint16_t(header.size());
-  f.write("\x93NUMPY\x01\x00", 8);
-  f.write(reinterpret_cast<const char*>(&hlen), 2);
-  f.write(header.data(), std::streamsize(header.size()));
-  f.write(reinterpret_cast<const char*>(data.data()), std::streamsize(data.size() * sizeof(float)));
-  return f ? ok_status() : error(Code::bad_file, "short write to " + path);
-}
-
 Result<std::vector<int32_t>> read_npy_tokens(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return error(Code::not_found, "cannot open " + path);
-  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (all.size() < 10 || std::memcmp(all.data(), "\x93NUMPY", 6) != 0)
-    return error(Code::bad_file, path + ": not a .npy file");
-  const int major = uint8_t(all[6]);
-  size_t hlen, off;
-  if (major == 1) {
-    hlen = uint8_t(all[8]) | (size_t(uint8_t(all[9])) << 8);
-    off = 10;
-  } else {
-    if (all.size() < 12) return error(Code::bad_file, path + ": truncated header");
-    hlen = uint8_t(all[8]) | (size_t(uint8_t(all[9])) << 8) | (size_t(uint8_t(all[10])) << 16) |
-           (size_t(uint8_t(all[11])) << 24);
-    off = 12;
-  }
-  if (off + hlen > all.size()) return error(Code::bad_file, path + ": truncated header");
-  const std::string h = all.substr(off, hlen);
-  size_t esize = 0;
-  bool is_signed = true;
-  if (h.find("'<i4'") != std::string::npos)
-    esize = 4;
-  else if (h.find("'<i8'") != std::string::npos)
-    esize = 8;
-  else if (h.find("'<u4'") != std::string::npos)
-    esize = 4, is_signed = false;
-  else
-    return error(Code::unsupported, path + ": token dtype must be <i4, <i8 or <u4");
-  if (h.find("'fortran_order': True") != std::string::npos)
-    return error(Code::unsupported, path + ": fortran order");
-  const size_t data_off = off + hlen;
-  const size_t n = (all.size() - data_off) / esize;
-  std::vector<int32_t> out(n);
-  for (size_t i = 0; i < n; ++i) {
-    const char* p = all.data() + data_off + i * esize;
-    int64_t v;
-    if (esize == 8)
-      std::memcpy(&v, p, 8);
-    else if (is_signed) {
-      int32_t x;
-      std::memcpy(&x, p, 4);
-      v = x;
-    } else {
-      uint32_t x;
-      std::memcpy(&x, p, 4);
-      v = x;
-    }
-    if (v < INT32_MIN || v > INT32_MAX)
-      return error(Code::out_of_range, path + ": token id out of int32 range");
-    out[i] = int32_t(v);
-  }
-  return out;
+  K3_ASSIGN_OR_RETURN(NpyArray arr, read_npy(path));
+  if (arr.type != NpyType::i32) return error(Code::unsupported, path + ": token dtype must be <i4, <i8 or <u4");
+  return std::move(arr.i32);  // any shape, read in C order
 }
 
 Result<std::vector<int32_t>> parse_token_list(const std::string& s) {
@@ -157,7 +93,7 @@ Status run(const Args& a) {
     K3_RETURN_IF_ERROR(model->forward(*state, tokens.data() + t0, n, &part, true));
     all.insert(all.end(), part.begin(), part.end());
   }
-  return write_npy_f32(a.out, all, T, V);
+  return write_npy(a.out, all.data(), {T, V});
 }
 
 }  // namespace
