@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# scripts/device-aside.sh: before a device-tool call, move the embedded models out of the working tree (the tree
+# that travels is limited to 64 MiB; a tracked file missing from the tree does not travel). Undo with
+# scripts/device-restore.sh. Idempotent.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+aside=/tmp/k3-models-aside
+mkdir -p "$aside"
+for m in k3-tiny k3.1-tiny; do
+  if [ -d "$here/models/$m" ] && [ ! -e "$aside/$m" ]; then mv "$here/models/$m" "$aside/$m"; fi
+done
+du -sh --exclude=.git --exclude='build*' --exclude=.carry "$here" 2>/dev/null | cut -f1 | sed 's/^/tree without ignored dirs: /'
