@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "core/gpu.h"
+
 namespace k3 {
 
 class ThreadPool;
@@ -36,5 +38,7 @@ struct AttentionParams {
 void attention_ref(const AttentionParams& p);
 // Fast CPU: fp32, threads over (query, head) pairs.
 void attention_cpu(const AttentionParams& p, ThreadPool* pool);
+// CUDA (core/gpu.h): device pointers, same contract.
+void attention_cuda(const AttentionParams& p, GpuContext& g);
 
 }  // namespace k3

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "core/gpu.h"
+
 #include "ops/precision.h"
 
 namespace k3 {
@@ -39,5 +41,7 @@ struct GluParams {
 void glu_ref(const GluParams& p);
 // Fast CPU: branchless exp/tanh (vec_math.h), AVX-512 when present, threads over tokens.
 void glu_cpu(const GluParams& p, ThreadPool* pool);
+// CUDA (core/gpu.h): device pointers, same contract.
+void glu_cuda(const GluParams& p, GpuContext& g);
 
 }  // namespace k3

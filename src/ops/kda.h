@@ -15,6 +15,8 @@
 
 #include <cstdint>
 
+#include "core/gpu.h"
+
 namespace k3 {
 
 class ThreadPool;
@@ -38,5 +40,9 @@ void kda_ref(const KdaParams& p);
 void kda_recurrent_cpu(const KdaParams& p, ThreadPool* pool);
 // Fast CPU, chunkwise WY/UT form (prefill): fp32, threads over heads.
 void kda_chunk_cpu(const KdaParams& p, ThreadPool* pool);
+// Generic CUDA versions (core/gpu.h): device pointers, fp32, any d_k/d_v; the fast bf16 kernels for real
+// shapes are declared in ops/kda_fast.h.
+void kda_recurrent_cuda(const KdaParams& p, GpuContext& g);
+void kda_chunk_cuda(const KdaParams& p, GpuContext& g);
 
 }  // namespace k3

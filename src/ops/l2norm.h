@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "core/gpu.h"
+
 namespace k3 {
 
 class ThreadPool;
@@ -24,5 +26,7 @@ struct L2NormParams {
 
 void l2norm_ref(const L2NormParams& p);
 void l2norm_cpu(const L2NormParams& p, ThreadPool* pool);
+// CUDA (core/gpu.h): device pointers, same contract.
+void l2norm_cuda(const L2NormParams& p, GpuContext& g);
 
 }  // namespace k3

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "core/gpu.h"
+
 namespace k3 {
 
 class ThreadPool;
@@ -28,5 +30,7 @@ struct LayerNormParams {
 // Plain reference: fp64 mean and variance (two passes).
 void layer_norm_ref(const LayerNormParams& p);
 void layer_norm_cpu(const LayerNormParams& p, ThreadPool* pool);
+// CUDA (core/gpu.h): device pointers, same contract.
+void layer_norm_cuda(const LayerNormParams& p, GpuContext& g);
 
 }  // namespace k3

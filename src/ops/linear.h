@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/gpu.h"
 #include "ops/precision.h"
 
 namespace k3 {
@@ -41,6 +42,10 @@ struct LinearParams {
 
 void linear_ref(const LinearWeight& W, const LinearParams& p);
 void linear_cpu(const LinearWeight& W, const LinearParams& p, ThreadPool* pool);
+// CUDA (core/gpu.h): W.w / W.scale, p.x, p.y are device pointers; cuBLAS(Lt) for bf16/f16/f32 weights (fp32
+// accumulation; TF32 only if g.allow_tf32), MXFP4 decoded in-kernel. x_precision bf16 allows bf16 tensor-core
+// inputs (x exactly representable); fp32 keeps x exact.
+void linear_cuda(const LinearWeight& W, const LinearParams& p, GpuContext& g);
 
 // Index of the first scale byte equal to 255 in scale[0..n), or -1.
 int64_t mxfp4_find_bad_scale(const uint8_t* scale, int64_t n);

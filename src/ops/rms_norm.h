@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "core/gpu.h"
+
 #include "ops/precision.h"
 
 namespace k3 {
@@ -31,5 +33,7 @@ struct RmsNormParams {
 void rms_norm_ref(const RmsNormParams& p);
 // Fast CPU (AVX-512 when present, threads over rows when the pool is given and the work is large).
 void rms_norm_cpu(const RmsNormParams& p, ThreadPool* pool);
+// CUDA (core/gpu.h): device pointers, same contract.
+void rms_norm_cuda(const RmsNormParams& p, GpuContext& g);
 
 }  // namespace k3

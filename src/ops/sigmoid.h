@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "core/gpu.h"
+
 namespace k3 {
 
 class ThreadPool;
@@ -22,5 +24,7 @@ struct SigmoidParams {
 
 void sigmoid_ref(const SigmoidParams& p);
 void sigmoid_cpu(const SigmoidParams& p, ThreadPool* pool);
+// CUDA (core/gpu.h): device pointers, same contract.
+void sigmoid_cuda(const SigmoidParams& p, GpuContext& g);
 
 }  // namespace k3

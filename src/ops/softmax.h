@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "core/gpu.h"
+
 namespace k3 {
 
 class ThreadPool;
@@ -24,5 +26,7 @@ struct SoftmaxParams {
 // Plain reference: fp64 exp and sum.
 void softmax_ref(const SoftmaxParams& p);
 void softmax_cpu(const SoftmaxParams& p, ThreadPool* pool);
+// CUDA (core/gpu.h): device pointers, same contract.
+void softmax_cuda(const SoftmaxParams& p, GpuContext& g);
 
 }  // namespace k3
