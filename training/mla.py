@@ -9,9 +9,11 @@ K3.1 (dsa): indexer on every MLA layer,
   q^I = wq_b c^Q [ih, id];  k^I_s = LayerNorm(wk x_s; k_norm.{weight,bias}, 1e-6) [id];  a = weights_proj x [ih]
   I[t,s] = (ih id)^-1/2 sum_h a_{t,h} relu(q^I_{t,h}.k^I_s),  s <= t
   S_t = all s <= t if t <= index_topk, else the index_topk largest I[t,s]; main softmax restricted to S_t.
-Training the indexer (our choice, as DeepSeek-V3.2's sparse stage): the selection is not differentiable, so
-the indexer learns from loss KL(p_main || softmax_s I[t,s]) with p_main the head-mean of the main attention
-probabilities (detached); returned as self.aux_loss.
+Training the indexer (as DeepSeek-V3.2): the selection is not differentiable, so the indexer learns from
+KL(p_main || softmax_s I[t,s]) with p_main the head-mean of the dense main attention probabilities (detached),
+returned as self.aux_loss; the indexer's inputs (x, c^Q) are detached, so this loss trains the indexer alone.
+self.dense = True keeps the main attention dense while the indexer still scores (k31_stages.py, stage 1:
+the indexer warm-up by KL with the trunk frozen); False is the sparse attention of the shipped model.
 """
 import torch
 import torch.nn as nn
@@ -43,6 +45,7 @@ class Indexer(nn.Module):
     def forward(self, x, c_q):
         """-> index scores I [B,T,T] fp32 (-inf above the diagonal)."""
         B, T, _ = x.shape
+        x, c_q = x.detach(), c_q.detach()                                     # the indexer trains apart
         qi = self.wq_b(c_q).float().reshape(B, T, self.ih, self.id)            # bf16-rounded under autocast
         w = self.weights_proj(x).float()                                      # [B,T,ih]
         k_lin = self.wk(x).float()
@@ -82,6 +85,7 @@ class MLA(nn.Module):
         self.g_proj = nn.Linear(D, nh * self.dv, bias=False)
         self.indexer = Indexer(a) if a.dsa else None
         self.aux_loss = None
+        self.dense = False                                   # K3.1 stage 1: dense main attention
 
     def forward(self, x):
         B, T, _ = x.shape
@@ -108,6 +112,8 @@ class MLA(nn.Module):
     def _sparse(self, x, c_q, q, k, v, scale):
         scores = self.indexer(x, c_q)                                              # [B,T,T] fp32
         keep = self.indexer.select(scores.detach())
+        if self.dense:
+            keep = torch.ones_like(keep[0]).tril().expand_as(keep)
         with torch.autocast(device_type=x.device.type, enabled=False):
             logits = (q.float() @ k.float().transpose(-1, -2)) * scale              # [B,nh,T,T] fp32
             p = torch.softmax(logits.masked_fill(~keep[:, None], float("-inf")), dim=-1)

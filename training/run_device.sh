@@ -7,9 +7,11 @@
 # .carry/corpus/*.jsonl was carried instead, it tokenizes first (tiktoken + regex are on the device image).
 # Paths: DATA, TOK, CORPUS (defaults .carry/data, .carry/tokenizer, .carry/corpus).
 # Environment knobs: MINUTES (training budget, default 7.5 so the whole call fits the 10-minute command
-# limit), DSA=1 (K3.1 variant), BATCH (default 32), SEQ (1024), LR (3e-3), EXTRA (more train.py flags).
+# limit), K31=1 (after K3: staged K3.1, k31_stages.py; K31_INDEXER_MIN, K31_SPARSE_MIN minutes),
+# DSA=1 (K3.1 from scratch, superseded), BATCH (default 32), SEQ (1024), LR (3e-3), EXTRA (more train.py flags).
 # $OUT gets: model/config.json, model/model.safetensors.index.json, model/model-0000i-of-0000n.safetensors
-# (<= 15 MiB of data each: the device hands back at most 8 files of 16 MiB, 64 MiB in all) and summary.json.
+# (<= 15 MiB of data each: the device hands back at most 8 files of 16 MiB, 64 MiB in all), summary.json
+# and with K31=1 k31-delta/{config.json,delta.safetensors}: 8 files for a 3-shard K3; write nothing else there.
 # The tokenizer files are not copied back (they are already in .carry/tokenizer here); see docs/training.md.
 set -euo pipefail
 export PYTHONUNBUFFERED=1
@@ -35,6 +37,9 @@ fi
 mkdir -p "$OUT"
 flags=(--data "$DATA" --tokenizer "$TOK" --out "$OUT" --minutes "$MINUTES" --batch "$BATCH" --seq "$SEQ" --lr "$LR")
 if [ "${DSA:-0}" = "1" ]; then flags+=(--dsa); fi
+if [ "${K31:-0}" = "1" ]; then
+  flags+=(--k31 --k31-indexer-minutes "${K31_INDEXER_MIN:-0.75}" --k31-sparse-minutes "${K31_SPARSE_MIN:-1.0}")
+fi
 echo "== training: ${flags[*]} ${EXTRA:-}"
 # shellcheck disable=SC2086
 $PY training/train.py "${flags[@]}" ${EXTRA:-}

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import k31_stages  # noqa: E402
 from export import export  # noqa: E402
 from k3_config import ModelArgs, tiny_args  # noqa: E402
 from model import K3Model  # noqa: E402
@@ -151,7 +152,12 @@ def main(argv=None):
     ap.add_argument("--no-early-decay", dest="early_decay", action="store_false",
                     help="keep the schedule even when the quick held-out check worsens twice in a row")
     ap.add_argument("--eval-text-windows", type=int, default=0, help="limit val_eval.txt windows (0 = all)")
-    ap.add_argument("--dsa", action="store_true", help="K3.1 variant: Gated DSA indexers on the MLA layers")
+    ap.add_argument("--dsa", action="store_true", help="K3.1 from scratch (indexer KL from step 0; superseded by --k31)")
+    ap.add_argument("--k31", action="store_true", help="after K3: staged K3.1 (k31_stages.py) -> OUT/k31-delta")
+    ap.add_argument("--k31-indexer-minutes", type=float, default=0.75, help="stage 1: indexer KL, trunk frozen")
+    ap.add_argument("--k31-sparse-minutes", type=float, default=1.0, help="stage 2: sparse fine-tune of MLA/DSA attention")
+    ap.add_argument("--k31-indexer-lr", type=float, default=1e-3)
+    ap.add_argument("--k31-sparse-lr", type=float, default=3e-4)
     ap.add_argument("--tiny", action="store_true", help="toy widths for CPU smoke tests")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (CUDA)")
     ap.add_argument("--seed", type=int, default=1234)
@@ -256,7 +262,7 @@ def main(argv=None):
             print(f"sample[{name}]: {samples[name]!r}", flush=True)
     except Exception as e:                                    # samples are a courtesy; never lose the run
         print(f"sampling skipped: {e!r}", flush=True)
-    info = export(model.cpu(), os.path.join(args.out, "model"), None, shard_bytes=int(args.shard_mib * 2**20))
+    info = export(model, os.path.join(args.out, "model"), None, shard_bytes=int(args.shard_mib * 2**20))
     summary = {"params": counts, "steps": step, "tokens_seen": seen, "train_seconds": round(train_s, 1),
                "epochs": round(seen / len(train), 2),
                "final_train_loss": next((r["loss"] for r in reversed(log) if "loss" in r), None),
@@ -265,9 +271,31 @@ def main(argv=None):
                "log": log}
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
+    if args.k31:                                      # K3 is saved already: a K3.1 failure cannot lose it
+        summary["k31"] = k31_phase(model, args, data, device, amp, val, log)
+        with open(os.path.join(args.out, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
     print(f"SUMMARY steps={step} tokens={seen} train_s={train_s:.0f} held_out_ppl={ev['ppl']:.3f} "
           f"val_eval_txt_ppl={ev_text['ppl'] if ev_text else float('nan'):.3f} "
           f"export={info['bytes'] / 2**20:.1f} MiB in {len(info['shards'])} shards", flush=True)
+
+
+
+def k31_phase(k3, args, data, device, amp, val, log):
+    """Staged K3.1 from the trained K3 (k31_stages.py); held-out sparse and dense; delta to OUT/k31-delta."""
+    k31, stages = k31_stages.train_k31(k3, args, data, device, amp, log)
+    res = {"stages": stages, "held_out": evaluate(k31, val, args.seq, args.eval_windows, args.batch, device, amp)}
+    path = os.path.join(args.data, "val_eval.npy")
+    if os.path.exists(path):
+        ids = np.load(path)
+        for mode in ("sparse", "dense"):
+            k31_stages.set_dense(k31, mode == "dense")
+            res[f"held_out_text_{mode}"] = evaluate_text(k31, ids, args.seq, args.batch, device, amp,
+                                                         args.eval_text_windows)
+        k31_stages.set_dense(k31, False)
+    res["export"] = k31_stages.export_delta(k3, k31, os.path.join(args.out, "k31-delta"))
+    print(f"K3.1: {json.dumps({k: v for k, v in res.items() if k != 'stages'})}", flush=True)
+    return res
 
 
 if __name__ == "__main__":
