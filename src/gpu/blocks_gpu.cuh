@@ -1,0 +1,58 @@
+// blocks_gpu.cuh: the GPU model blocks, one file each (kda_gpu.cu, mla_gpu.cu, dsa_gpu.cu, ffn_gpu.cu,
+// moe_gpu.cu, attn_res_gpu.cu), called by the layer loop in model_gpu.cu. Internal to src/gpu.
+//
+// Each block mirrors its CPU twin in src/model/ line for line: the same equations (MODEL.md section named in
+// the CPU file), the same bf16 rounding points (c.rnd) and the same trace names (c.cb), with device pointers.
+// x / out are device arrays [n_rows, D]; per-sequence state lives in GpuSeqState (model_gpu.h).
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "gpu/common_gpu.cuh"
+#include "gpu/model_gpu.h"
+#include "gpu/weights_gpu.h"
+#include "model/kda.h"
+
+namespace k3::gpu {
+
+// One sequence of a batch: rows [row0, row0 + n_tok) of x / out, continuing from *st.
+struct KdaSeqGpu {
+  KdaStateGpu* st = nullptr;
+  int64_t row0 = 0, n_tok = 0;
+};
+struct MlaSeqGpu {
+  MlaStateGpu* st = nullptr;
+  int64_t row0 = 0, n_tok = 0, n_past = 0;
+  bool absorbed = false;
+};
+
+// x0[t, :] = embed[tokens[t], :] as fp32 (tokens: device int32 [n_tok]).
+Status embed_gpu(const GpuCtx& c, const ModelWeightsGpu& w, int64_t d_model, const int32_t* tokens,
+                 int64_t n_tok, float* x0);
+
+Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeightsGpu& w, const KdaExec& ex,
+                       std::span<const KdaSeqGpu> seqs, const float* x, int64_t n_rows, float* out, int layer);
+
+Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeightsGpu& w,
+                       std::span<const MlaSeqGpu> seqs, const float* x, int64_t n_rows, float* out, int layer);
+
+// DSA (dsa.h): appends the index keys of the new rows to st->index_k and, when some query sees more than
+// topk positions, fills sel [n_tok, topk] (device int32, -1 padded, ascending positions) and sets *sparse.
+// cq: the q_a_layernorm output rows of this sequence; x: its attention input rows.
+Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsGpu& w, const float* cq,
+                      const float* x, int64_t n_past, int64_t n_tok, MlaStateGpu* st, DevBuf* sel, bool* sparse,
+                      int layer);
+
+// GLU MLP: out [n_tok, d_in] = down(act(gate x, up x)).
+Status ffn_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const FfnWeights& w, const float* x,
+                       int64_t n_tok, float* out);
+
+Status moe_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MoeWeightsGpu& w, const float* x,
+                       int64_t n_tok, float* out, int layer);
+
+// Block AttnRes: out = bf16(sum_i softmax_i(q . V_i rsqrt(mean V_i^2 + eps)) V_i) over the sources.
+Status attn_res_mix_gpu(const GpuCtx& c, const std::vector<const float*>& sources, const float* q, float eps,
+                        int64_t n_tok, int64_t d_model, float* out);
+
+}  // namespace k3::gpu

@@ -1,0 +1,161 @@
+// common_gpu.cu: shared GPU model helpers (common_gpu.cuh).
+#include "gpu/common_gpu.cuh"
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "ops/rms_norm.h"
+
+namespace k3::gpu {
+
+namespace {
+
+__global__ void round_bf16_kernel(float* x, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+}
+
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += x[i];
+}
+
+__global__ void sigmoid_mul_kernel(float* z, const float* g, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) z[i] *= 1.f / (1.f + expf(-g[i]));
+}
+
+__global__ void copy_rows_kernel(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t n_row,
+                                 int64_t n_col) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_row * n_col) return;
+  const int64_t r = i / n_col, col = i % n_col;
+  dst[r * ldd + col] = src[r * lds + col];
+}
+
+__global__ void gather_rows_kernel(float* dst, const float* src, const int64_t* rows, int64_t n, int64_t d) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * d) return;
+  const int64_t r = i / d, col = i % d;
+  dst[i] = src[rows[r] * d + col];
+}
+
+}  // namespace
+
+Status launch_status(const char* where) {
+  const cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return ok_status();
+  return error(Code::internal, std::string(where) + ": CUDA error: " + cudaGetErrorString(e));
+}
+
+void GpuCtx::rnd(float* x, int64_t n) const {
+  if (!bf16() || n <= 0) return;
+  round_bf16_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x, n);
+}
+
+void GpuCtx::cb(const char* name, int layer, const float* x, int64_t n) const {
+  const bool tracing = trace && *trace;
+#ifdef NDEBUG
+  const bool check = false;
+#else
+  const bool check = guard && guard->ok();
+#endif
+  if ((!tracing && !check) || n <= 0) return;
+  host->resize(size_t(n));
+  cudaError_t e = cudaMemcpyAsync(host->data(), x, size_t(n) * 4, cudaMemcpyDeviceToHost, stream());
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream());
+  if (e != cudaSuccess) {
+    if (guard && guard->ok())
+      *guard = error(Code::internal, std::string("trace copy of '") + name + "': " + cudaGetErrorString(e));
+    return;
+  }
+  if (tracing) (*trace)(name, layer, host->data(), n);
+  if (check) {
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite((*host)[size_t(i)])) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "non-finite activation in layer %d tensor '%s' at element %lld", layer,
+                      name, (long long)i);
+        *guard = error(Code::internal, buf);
+        break;
+      }
+  }
+}
+
+Status DevBuf::alloc_bytes(const GpuCtx& c, size_t bytes) {
+  release();
+  s_ = c.stream();
+  if (bytes == 0) bytes = 4;
+  const cudaError_t e = cudaMallocAsync(&p_, bytes, s_);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    p_ = nullptr;
+    return error(Code::out_of_memory,
+                 "device scratch of " + std::to_string(bytes) + " bytes: " + cudaGetErrorString(e));
+  }
+  n_ = bytes;
+  return ok_status();
+}
+
+void DevBuf::release() {
+  if (p_) cudaFreeAsync(p_, s_);
+  p_ = nullptr;
+  n_ = 0;
+}
+
+void linear(const GpuCtx& c, const LinearWeight& W, const float* x, int64_t n_tok, float* y, bool round,
+            bool x_exact, int64_t ldx, int64_t ldy) {
+  if (n_tok <= 0) return;
+  LinearParams p;
+  p.n_tok = n_tok;
+  p.x = x;
+  p.ldx = ldx;
+  p.y = y;
+  p.ldy = ldy;
+  p.x_precision = x_exact ? Precision::fp32 : c.prec;
+  linear_cuda(W, p, *c.g);
+  if (round && c.bf16()) {
+    if (ldy == 0 || ldy == W.out)
+      c.rnd(y, n_tok * W.out);
+    else
+      for (int64_t t = 0; t < n_tok; ++t) c.rnd(y + t * ldy, W.out);
+  }
+}
+
+void rms_norm(const GpuCtx& c, const float* x, const float* w, float eps, int64_t n_row, int64_t d, float* y,
+              int64_t ldx, int64_t ldy) {
+  if (n_row <= 0) return;
+  RmsNormParams p;
+  p.n_row = n_row;
+  p.d = d;
+  p.x = x;
+  p.ldx = ldx;
+  p.w = w;
+  p.y = y;
+  p.ldy = ldy;
+  p.eps = eps;
+  p.precision = c.prec;
+  rms_norm_cuda(p, *c.g);
+}
+
+void add_inplace(const GpuCtx& c, float* y, const float* x, int64_t n) {
+  if (n > 0) add_kernel<<<blocks_for(n), kThreads, 0, c.stream()>>>(y, x, n);
+}
+
+void sigmoid_mul_inplace(const GpuCtx& c, float* z, const float* g, int64_t n) {
+  if (n > 0) sigmoid_mul_kernel<<<blocks_for(n), kThreads, 0, c.stream()>>>(z, g, n);
+}
+
+void copy_rows(const GpuCtx& c, float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t n_row,
+               int64_t n_col) {
+  const int64_t n = n_row * n_col;
+  if (n > 0) copy_rows_kernel<<<blocks_for(n), kThreads, 0, c.stream()>>>(dst, ld_dst, src, ld_src, n_row, n_col);
+}
+
+void gather_rows(const GpuCtx& c, float* dst, const float* src, const int64_t* rows, int64_t n, int64_t d) {
+  if (n * d > 0) gather_rows_kernel<<<blocks_for(n * d), kThreads, 0, c.stream()>>>(dst, src, rows, n, d);
+}
+
+}  // namespace k3::gpu

@@ -1,0 +1,95 @@
+// common_gpu.cuh: what every GPU model block shares (the GPU twin of model/common.h), internal to src/gpu.
+//
+//   GpuCtx      precision, the op context (stream, cuBLAS, workspace), the trace hook
+//   rnd(x, n)   bf16 mode: x <- bf16(x) in place (a rounding point); fp32 mode: nothing
+//   cb(...)     copies a named intermediate to the host for the trace hook (only when one is set, or in
+//               debug builds, where every traced activation is also checked for NaN/Inf like the CPU)
+//   linear      y[n_tok, out] = x W^T (ops/linear.h, cuBLAS / MXFP4 kernels), then the bf16 rounding point
+//   DevBuf      stream-ordered device scratch (cudaMallocAsync / cudaFreeAsync), freed at scope end
+//
+// Activations are fp32 on the device in both modes; in bf16 mode they hold bf16-representable values at
+// the same rounding points as the CPU model (model/*.cpp `c.rnd` calls), so GPU = CPU can be checked name
+// by name. Every kernel here is enqueued on ctx.g->stream; nothing synchronizes except cb and the MoE
+// dispatch (which reads the routing on the host).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "core/gpu.h"
+#include "model/common.h"
+#include "ops/linear.h"
+#include "ops/precision.h"
+
+namespace k3::gpu {
+
+constexpr int kThreads = 256;
+inline unsigned blocks_for(int64_t n, int threads = kThreads) {
+  return unsigned((n + threads - 1) / threads);
+}
+
+// bf16 round-to-nearest-even kept in fp32 (dtype.h round_bf16 on the device).
+__device__ inline float round_bf16_dev(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+struct GpuCtx {
+  Precision prec = Precision::fp32;
+  GpuContext* g = nullptr;
+  const TraceFn* trace = nullptr;
+  Status* guard = nullptr;              // first non-finite traced activation (debug builds)
+  std::vector<float>* host = nullptr;   // staging buffer for cb
+
+  bool bf16() const { return prec == Precision::bf16; }
+  cudaStream_t stream() const { return g->stream; }
+  void rnd(float* x, int64_t n) const;
+  void cb(const char* name, int layer, const float* x, int64_t n) const;
+};
+
+// Stream-ordered device buffer of floats (or raw bytes through alloc_bytes).
+class DevBuf {
+ public:
+  DevBuf() = default;
+  ~DevBuf() { release(); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  DevBuf(DevBuf&& o) noexcept : p_(o.p_), n_(o.n_), s_(o.s_) { o.p_ = nullptr, o.n_ = 0; }
+  DevBuf& operator=(DevBuf&& o) noexcept {
+    if (this != &o) release(), p_ = o.p_, n_ = o.n_, s_ = o.s_, o.p_ = nullptr, o.n_ = 0;
+    return *this;
+  }
+  Status alloc(const GpuCtx& c, int64_t n_float) { return alloc_bytes(c, size_t(n_float) * 4); }
+  Status alloc_bytes(const GpuCtx& c, size_t bytes);
+  void release();
+  float* f() const { return static_cast<float*>(p_); }
+  template <class T>
+  T* as() const { return static_cast<T*>(p_); }
+  int64_t size() const { return int64_t(n_ / 4); }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+  cudaStream_t s_ = nullptr;
+};
+
+// y = W x (+ the bf16 rounding point unless `round` is false). ldx/ldy: row strides (0 = dense). In bf16 mode
+// x must hold bf16-rounded values unless x_exact.
+void linear(const GpuCtx& c, const LinearWeight& W, const float* x, int64_t n_tok, float* y, bool round = true,
+            bool x_exact = false, int64_t ldx = 0, int64_t ldy = 0);
+// RMSNorm rows (ops/rms_norm.h semantics; bf16 mode has the op's two rounding points).
+void rms_norm(const GpuCtx& c, const float* x, const float* w, float eps, int64_t n_row, int64_t d, float* y,
+              int64_t ldx = 0, int64_t ldy = 0);
+
+// Elementwise helpers (kernels in common_gpu.cu).
+void add_inplace(const GpuCtx& c, float* y, const float* x, int64_t n);         // y += x
+void sigmoid_mul_inplace(const GpuCtx& c, float* z, const float* g, int64_t n);  // z *= sigmoid(g)
+void copy_rows(const GpuCtx& c, float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t n_row,
+               int64_t n_col);  // dst[r, :n_col] = src[r, :n_col]
+// dst[i, :] = src[rows[i], :] for i < n (rows: device int64 array).
+void gather_rows(const GpuCtx& c, float* dst, const float* src, const int64_t* rows, int64_t n, int64_t d);
+Status launch_status(const char* where);  // cudaGetLastError as a Status
+
+}  // namespace k3::gpu

@@ -1,0 +1,127 @@
+// dsa_gpu.cu: the K3.1 DSA lightning indexer on the GPU (model/dsa.cpp, MODEL.md §6).
+//
+//   k^I_s = bf16(LayerNorm(wk x_s; k_norm, eps 1e-6))          appended to the sequence's index-key cache
+//   q^I_t = wq_b c^Q_t [Hi, Di];  a_t = weights_proj x_t [Hi]
+//   I[t, s] = (Hi Di)^-1/2 sum_h a_{t,h} relu(q^I_{t,h} . k^I_s)     s <= t, fp32
+//   S_t = every s <= t when t (1-based) <= topk; else the topk largest I[t, s], ties -> lower s, ascending
+//
+// Selection without sorting: s is selected iff fewer than topk positions beat it (larger score, or equal score
+// at a lower position) — exactly the CPU's partial_sort order; then the selected positions are compacted in
+// ascending order with a block scan. The rank count is O(n_vis^2) per query: correct for any length, fast
+// enough for tests and short contexts; a radix select is the known next step for 128k contexts.
+#include <cub/block/block_scan.cuh>
+
+#include <cmath>
+
+#include "gpu/blocks_gpu.cuh"
+#include "ops/layer_norm.h"
+
+namespace k3::gpu {
+
+namespace {
+
+// I[i, s] for s < n_past + i + 1 (one thread each); row stride n_ctx.
+__global__ void index_score_kernel(float* I, const float* qI, const float* a, const float* kI, int64_t n_tok,
+                                   int64_t n_past, int64_t n_ctx, int Hi, int Di, float scale) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n_tok * n_ctx) return;
+  const int64_t i = idx / n_ctx, s = idx % n_ctx;
+  if (s > n_past + i) return;
+  const float* qt = qI + i * Hi * Di;
+  const float* at = a + i * Hi;
+  const float* ks = kI + s * Di;
+  float acc = 0.f;
+  for (int h = 0; h < Hi; ++h) {
+    float d = 0.f;
+    for (int e = 0; e < Di; ++e) d += qt[h * Di + e] * ks[e];
+    acc += at[h] * fmaxf(d, 0.f);
+  }
+  I[idx] = acc * scale;
+}
+
+// flag[i, s] = 1 iff fewer than topk visible positions beat s.
+__global__ void index_rank_kernel(uint8_t* flag, const float* I, int64_t n_tok, int64_t n_past, int64_t n_ctx,
+                                  int64_t topk) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n_tok * n_ctx) return;
+  const int64_t i = idx / n_ctx, s = idx % n_ctx, n_vis = n_past + i + 1;
+  if (s >= n_vis) {
+    flag[idx] = 0;
+    return;
+  }
+  const float* row = I + i * n_ctx;
+  const float v = row[s];
+  int64_t rank = 0;
+  for (int64_t r = 0; r < n_vis && rank < topk; ++r) {
+    const float u = row[r];
+    rank += (u > v || (u == v && r < s)) ? 1 : 0;
+  }
+  flag[idx] = rank < topk ? 1 : 0;
+}
+
+// One block per query: sel[i, :] = flagged positions ascending, then -1 (all visible ones when n_vis <= topk).
+constexpr int kScanThreads = 256;
+__global__ void index_compact_kernel(int32_t* sel, const uint8_t* flag, int64_t n_past, int64_t n_ctx,
+                                     int64_t topk) {
+  using Scan = cub::BlockScan<int, kScanThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  __shared__ int base;
+  const int64_t i = blockIdx.x, n_vis = n_past + i + 1;
+  int32_t* out = sel + i * topk;
+  for (int64_t j = threadIdx.x; j < topk; j += blockDim.x) out[j] = -1;
+  __syncthreads();
+  if (n_vis <= topk) {
+    for (int64_t s = threadIdx.x; s < n_vis; s += blockDim.x) out[s] = int32_t(s);
+    return;
+  }
+  if (threadIdx.x == 0) base = 0;
+  __syncthreads();
+  for (int64_t s0 = 0; s0 < n_vis; s0 += blockDim.x) {
+    const int64_t s = s0 + threadIdx.x;
+    const int f = s < n_vis ? flag[i * n_ctx + s] : 0;
+    int pos, total;
+    Scan(tmp).ExclusiveSum(f, pos, total);
+    if (f && base + pos < topk) out[base + pos] = int32_t(s);
+    __syncthreads();
+    if (threadIdx.x == 0) base += total;
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsGpu& w, const float* cq,
+                      const float* x, int64_t n_past, int64_t n_tok, MlaStateGpu* st, DevBuf* sel, bool* sparse,
+                      int layer) {
+  const int Hi = cfg.dsa.n_head, Di = cfg.dsa.d_head;
+  const int64_t topk = cfg.dsa.topk, n_ctx = n_past + n_tok;
+  *sparse = false;
+  float* kI = st->index_k + n_past * Di;  // the new rows go straight into the cache (capacity reserved)
+  linear(c, w.wk, x, n_tok, kI);
+  LayerNormParams ln;
+  ln.n_row = n_tok, ln.d = Di, ln.x = kI, ln.y = kI, ln.gain = w.k_norm_w, ln.bias = w.k_norm_b, ln.eps = 1e-6f;
+  layer_norm_cuda(ln, *c.g);
+  c.rnd(kI, n_tok * Di);
+  c.cb("dsa_k", layer, kI, n_tok * Di);
+  if (n_ctx <= topk) return launch_status("dsa index keys");
+
+  DevBuf qI, a, I, flag;
+  K3_RETURN_IF_ERROR(qI.alloc(c, n_tok * Hi * Di));
+  K3_RETURN_IF_ERROR(a.alloc(c, n_tok * Hi));
+  K3_RETURN_IF_ERROR(I.alloc(c, n_tok * n_ctx));
+  K3_RETURN_IF_ERROR(flag.alloc_bytes(c, size_t(n_tok * n_ctx)));
+  K3_RETURN_IF_ERROR(sel->alloc_bytes(c, size_t(n_tok * topk) * 4));
+  linear(c, w.wq_b, cq, n_tok, qI.f());
+  linear(c, w.weights_proj, x, n_tok, a.f());
+  const float scale = 1.f / std::sqrt(float(Hi * Di));
+  index_score_kernel<<<blocks_for(n_tok * n_ctx), kThreads, 0, c.stream()>>>(I.f(), qI.f(), a.f(), st->index_k,
+                                                                            n_tok, n_past, n_ctx, Hi, Di, scale);
+  index_rank_kernel<<<blocks_for(n_tok * n_ctx), kThreads, 0, c.stream()>>>(flag.as<uint8_t>(), I.f(), n_tok,
+                                                                           n_past, n_ctx, topk);
+  index_compact_kernel<<<unsigned(n_tok), kScanThreads, 0, c.stream()>>>(sel->as<int32_t>(), flag.as<uint8_t>(),
+                                                                        n_past, n_ctx, topk);
+  *sparse = true;
+  return launch_status("dsa select");
+}
+
+}  // namespace k3::gpu

@@ -1,0 +1,156 @@
+// mla_gpu.cu: gated MLA / DSA attention on the GPU (model/mla.cpp, MODEL.md §5-6).
+//
+//   q = q_b_proj RMSNorm(q_a_proj x) (K3) | q_proj x (KL);  [c~ | r] = kv_a_proj_with_mqa x;  c = RMSNorm(c~)
+//   cache row [c | r] (d_latent) appended to the sequence's latent cache
+//   unabsorbed (prefill): [k_nope_h | v_h] = kv_b_proj c_s for every cached row, k_h = [k_nope_h | r_s]
+//   absorbed (decode):    q^_h = [W_UK_h^T q_nope_h | q_r_h], MQA over the 576-wide cache, z_h = W_UV_h z^_h
+//   z *= sigmoid(g_proj x) (output gate);  out = o_proj z.   S_t: causal, or the DSA selection (dsa_gpu.cu)
+// W_UK / W_UV are read from an fp32 copy of kv_b_proj (exact: bf16 -> fp32) with fp32 sums, as the CPU does.
+#include <cmath>
+
+#include "gpu/blocks_gpu.cuh"
+#include "ops/attention.h"
+
+namespace k3::gpu {
+
+namespace {
+
+// K[s, h, :] = [kvb[s, h, :d_nope] | latent[s, R : R + d_rope]]
+__global__ void build_k_kernel(float* K, const float* kvb, const float* latent, int64_t n_ctx, int nh, int dn,
+                               int dr, int R, int dl, int wkv) {
+  const int dqk = dn + dr;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_ctx * nh * dqk) return;
+  const int64_t s = i / (int64_t(nh) * dqk);
+  const int h = int((i / dqk) % nh), e = int(i % dqk);
+  K[i] = e < dn ? kvb[s * nh * wkv + int64_t(h) * wkv + e] : latent[s * dl + R + (e - dn)];
+}
+
+// qh[t, h, :] = [sum_a q_nope[t, h, a] W_UK[h, a, :] | q_r[t, h, :]]; W_UK[h, a, j] = kvb[h*wkv + a, j].
+__global__ void absorb_q_kernel(float* qh, const float* q, const float* kvb, int64_t n_tok, int nh, int dn, int dr,
+                                int R, int wkv) {
+  const int dqk = dn + dr, dl = R + dr;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_tok * nh * dl) return;
+  const int64_t t = i / (int64_t(nh) * dl);
+  const int h = int((i / dl) % nh), j = int(i % dl);
+  const float* qn = q + (t * nh + h) * dqk;
+  if (j >= R) {
+    qh[i] = qn[dn + (j - R)];
+    return;
+  }
+  const float* Wuk = kvb + int64_t(h) * wkv * R;
+  float acc = 0.f;
+  for (int a = 0; a < dn; ++a) acc += qn[a] * Wuk[int64_t(a) * R + j];
+  qh[i] = acc;
+}
+
+// z[t, h, d] = sum_j W_UV[h, d, j] zh[t, h, j]; W_UV[h, d, j] = kvb[h*wkv + d_nope + d, j].
+__global__ void expand_z_kernel(float* z, const float* zh, const float* kvb, int64_t n_tok, int nh, int dn,
+                                int dv, int R, int wkv) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_tok * nh * dv) return;
+  const int64_t t = i / (int64_t(nh) * dv);
+  const int h = int((i / dv) % nh), d = int(i % dv);
+  const float* Wuv = kvb + (int64_t(h) * wkv + dn + d) * R;
+  const float* zt = zh + (t * nh + h) * R;
+  float acc = 0.f;
+  for (int j = 0; j < R; ++j) acc += Wuv[j] * zt[j];
+  z[i] = acc;
+}
+
+}  // namespace
+
+Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeightsGpu& w,
+                       std::span<const MlaSeqGpu> seqs, const float* x, int64_t n_tok, float* out, int layer) {
+  const MlaConfig& m = cfg.mla;
+  const int nh = m.n_head, dqk = m.d_qk(), R = m.kv_lora_rank, dl = m.d_latent(), dn = m.d_nope,
+            dr = m.d_rope, dv = m.d_v, wkv = m.d_nope + m.d_v;
+  DevBuf q, cq, kv, z;
+  K3_RETURN_IF_ERROR(q.alloc(c, n_tok * nh * dqk));
+  K3_RETURN_IF_ERROR(kv.alloc(c, n_tok * dl));
+  K3_RETURN_IF_ERROR(z.alloc(c, n_tok * nh * dv));
+  if (m.q_lora_rank > 0) {
+    K3_RETURN_IF_ERROR(cq.alloc(c, n_tok * m.q_lora_rank));
+    linear(c, w.q_a_proj, x, n_tok, cq.f());
+    rms_norm(c, cq.f(), w.q_a_layernorm, 1e-6f, n_tok, m.q_lora_rank, cq.f());
+    linear(c, w.q_b_proj, cq.f(), n_tok, q.f());
+  } else {
+    linear(c, w.q_proj, x, n_tok, q.f());
+  }
+  linear(c, w.kv_a_proj_with_mqa, x, n_tok, kv.f());  // [n_tok, R + d_rope]
+  rms_norm(c, kv.f(), w.kv_a_layernorm, 1e-6f, n_tok, R, kv.f(), dl, dl);
+  c.cb("mla_q", layer, q.f(), n_tok * nh * dqk);
+  c.cb("mla_latent", layer, kv.f(), n_tok * dl);
+
+  bool any_abs = false;
+  for (const MlaSeqGpu& s : seqs) any_abs = any_abs || (s.absorbed && s.n_tok > 0);
+  DevBuf qh, zh;
+  if (any_abs) {
+    K3_RETURN_IF_ERROR(qh.alloc(c, n_tok * nh * dl));
+    K3_RETURN_IF_ERROR(zh.alloc(c, n_tok * nh * R));
+  }
+  const float scale = 1.f / std::sqrt(float(dqk));
+  for (const MlaSeqGpu& s : seqs) {
+    if (s.n_tok <= 0) continue;
+    MlaStateGpu& st = *s.st;
+    const int64_t n_ctx = s.n_past + s.n_tok;
+    K3_ASSERT(st.cap >= n_ctx);  // GpuSeqState::reserve ran before the layer loop
+    cudaMemcpyAsync(st.latent + s.n_past * dl, kv.f() + s.row0 * dl, size_t(s.n_tok * dl) * 4,
+                    cudaMemcpyDeviceToDevice, c.stream());
+    DevBuf sel;
+    bool sparse = false;
+    if (w.has_dsa)
+      K3_RETURN_IF_ERROR(dsa_select_gpu(c, cfg, w.dsa, cq.f() + s.row0 * m.q_lora_rank, x + s.row0 * cfg.d_model,
+                                        s.n_past, s.n_tok, &st, &sel, &sparse, layer));
+    AttentionParams p;
+    p.n_q = s.n_tok;
+    p.n_kv = n_ctx;
+    p.n_head = nh;
+    p.q_pos0 = s.n_past;
+    p.sel = sparse ? sel.as<int32_t>() : nullptr;
+    p.n_sel = sparse ? cfg.dsa.topk : 0;
+    p.scale = scale;
+    if (!s.absorbed) {
+      DevBuf kvb, K;
+      K3_RETURN_IF_ERROR(kvb.alloc(c, n_ctx * nh * wkv));
+      K3_RETURN_IF_ERROR(K.alloc(c, n_ctx * nh * dqk));
+      linear(c, w.kv_b_proj, st.latent, n_ctx, kvb.f(), true, false, /*ldx=*/dl);  // [n_ctx, nh * wkv]
+      build_k_kernel<<<blocks_for(n_ctx * nh * dqk), kThreads, 0, c.stream()>>>(K.f(), kvb.f(), st.latent, n_ctx,
+                                                                               nh, dn, dr, R, dl, wkv);
+      p.d_qk = dqk, p.d_v = dv;
+      p.q = q.f() + s.row0 * nh * dqk, p.q_tok_stride = int64_t(nh) * dqk, p.q_head_stride = dqk;
+      p.k = K.f(), p.k_tok_stride = int64_t(nh) * dqk, p.k_head_stride = dqk;
+      p.v = kvb.f() + dn, p.v_tok_stride = int64_t(nh) * wkv, p.v_head_stride = wkv;
+      p.out = z.f() + s.row0 * nh * dv;
+      attention_cuda(p, *c.g);
+      continue;
+    }
+    // MQA over the latent rows: k = [c | r], v = c.
+    float* qs = qh.f() + s.row0 * nh * dl;
+    float* zs = zh.f() + s.row0 * nh * R;
+    absorb_q_kernel<<<blocks_for(s.n_tok * nh * dl), kThreads, 0, c.stream()>>>(
+        qs, q.f() + s.row0 * nh * dqk, w.kv_b_f32, s.n_tok, nh, dn, dr, R, wkv);
+    p.d_qk = dl, p.d_v = R;
+    p.q = qs, p.q_tok_stride = int64_t(nh) * dl, p.q_head_stride = dl;
+    p.k = st.latent, p.k_tok_stride = dl, p.k_head_stride = 0;
+    p.v = st.latent, p.v_tok_stride = dl, p.v_head_stride = 0;
+    p.out = zs;
+    attention_cuda(p, *c.g);
+    expand_z_kernel<<<blocks_for(s.n_tok * nh * dv), kThreads, 0, c.stream()>>>(
+        z.f() + s.row0 * nh * dv, zs, w.kv_b_f32, s.n_tok, nh, dn, dv, R, wkv);
+  }
+  c.rnd(z.f(), n_tok * nh * dv);
+  c.cb("mla_z", layer, z.f(), n_tok * nh * dv);
+  if (m.use_output_gate) {
+    DevBuf g;
+    K3_RETURN_IF_ERROR(g.alloc(c, n_tok * nh * dv));
+    linear(c, w.g_proj, x, n_tok, g.f());
+    sigmoid_mul_inplace(c, z.f(), g.f(), n_tok * nh * dv);
+    c.rnd(z.f(), n_tok * nh * dv);
+  }
+  linear(c, w.o_proj, z.f(), n_tok, out);
+  return launch_status("mla layer");
+}
+
+}  // namespace k3::gpu

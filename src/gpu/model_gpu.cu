@@ -1,0 +1,249 @@
+// model_gpu.cu: the GPU layer loop (model_gpu.h), a line-for-line twin of model/model.cpp Model::run.
+#include "gpu/model_gpu.h"
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "core/cuda_check.h"
+#include "gpu/blocks_gpu.cuh"
+#include "gpu/context.h"
+#include "model/binder.h"
+
+namespace k3::gpu {
+
+namespace {
+
+__global__ void embed_kernel(float* x0, const void* table, int dtype, const int32_t* tokens, int64_t n_tok,
+                             int64_t D) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_tok * D) return;
+  const int64_t src = int64_t(tokens[i / D]) * D + i % D;
+  if (dtype == 0) {
+    x0[i] = static_cast<const float*>(table)[src];
+  } else if (dtype == 1) {
+    x0[i] = __uint_as_float(uint32_t(static_cast<const uint16_t*>(table)[src]) << 16);  // bf16
+  } else {
+    x0[i] = __half2float(static_cast<const __half*>(table)[src]);
+  }
+}
+
+Status check_tokens(const int32_t* tokens, int64_t n, int64_t n_vocab) {
+  for (int64_t t = 0; t < n; ++t)
+    if (tokens[t] < 0 || tokens[t] >= n_vocab)
+      return error(Code::invalid_argument, "token id " + std::to_string(tokens[t]) + " at position " +
+                                               std::to_string(t) + " is outside [0, " + std::to_string(n_vocab) +
+                                               ")");
+  return ok_status();
+}
+
+}  // namespace
+
+Status embed_gpu(const GpuCtx& c, const ModelWeightsGpu& w, int64_t D, const int32_t* tokens, int64_t n_tok,
+                 float* x0) {
+  const int dt = w.embed_dtype == DType::f32 ? 0 : (w.embed_dtype == DType::bf16 ? 1 : 2);
+  embed_kernel<<<blocks_for(n_tok * D), kThreads, 0, c.stream()>>>(x0, w.embed, dt, tokens, n_tok, D);
+  return launch_status("embedding");
+}
+
+struct GpuModel::Impl {
+  ContextOwner ctx;
+  std::unique_ptr<ModelWeightsGpu> w;
+  std::vector<float> host;  // trace staging
+};
+
+GpuModel::GpuModel(const ModelConfig& cfg, const ModelOptions& opt) : cfg_(cfg), opt_(opt) {}
+GpuModel::~GpuModel() {
+  if (impl_) cudaSetDevice(device_);
+}
+
+size_t GpuModel::weight_bytes() const { return impl_->w->bytes; }
+
+Result<std::unique_ptr<GpuModel>> GpuModel::load(const Checkpoint& ckpt, const ModelOptions& opt, int device) {
+  if (opt.kda_chunk <= 0) return error(Code::invalid_argument, "kda_chunk must be positive");
+  const int n_dev = cuda::device_count();
+  if (n_dev == 0) return error(Code::unsupported, "no CUDA device");
+  if (device < 0 || device >= n_dev)
+    return error(Code::invalid_argument, "CUDA device " + std::to_string(device) + " of " + std::to_string(n_dev));
+  K3_CUDA_CHECK(cudaSetDevice(device));
+  // Keep freed scratch in the stream-ordered pool instead of returning it to the driver at every sync.
+  cudaMemPool_t pool;
+  K3_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  uint64_t keep = UINT64_MAX;
+  K3_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+
+  std::unique_ptr<GpuModel> m(new GpuModel(ckpt.config(), opt));
+  m->impl_ = std::make_unique<Impl>();
+  m->device_ = device;
+  ContextOptions co;
+  co.device = device;
+  co.allow_tf32 = false;
+  K3_RETURN_IF_ERROR(m->impl_->ctx.create(co));
+  K3_ASSIGN_OR_RETURN(auto host_w, bind_model(ckpt));
+  K3_ASSIGN_OR_RETURN(m->impl_->w, upload_model(*host_w, ckpt.config(), m->impl_->ctx.get()));
+  return Result<std::unique_ptr<GpuModel>>(std::move(m));
+}
+
+Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens, std::span<const int64_t> row0,
+                     std::span<const int64_t> out_rows, float* logits) {
+  const int64_t D = cfg_.d_model, V = cfg_.n_vocab, n_seq = int64_t(states.size()), n_tok = row0.back();
+  const ModelWeightsGpu& W = *impl_->w;
+  K3_CUDA_CHECK(cudaSetDevice(device_));
+  for (int64_t i = 0; i < n_seq; ++i)
+    K3_RETURN_IF_ERROR(states[size_t(i)]->reserve(states[size_t(i)]->n_past_ + row0[size_t(i) + 1] - row0[size_t(i)]));
+  Status guard;
+  GpuCtx c;
+  c.prec = opt_.precision;
+  c.g = &impl_->ctx.get();
+  c.trace = &opt_.trace;
+  c.guard = &guard;
+  c.host = &impl_->host;
+  KdaExec kx;
+  kx.recurrent = opt_.kda_recurrent;
+  kx.chunk = opt_.kda_chunk;
+  const float eps = cfg_.rms_norm_eps;
+
+  // x0 = embed_tokens[id]
+  DevBuf tok, p, a, h, o;
+  K3_RETURN_IF_ERROR(tok.alloc_bytes(c, size_t(n_tok) * 4));
+  for (DevBuf* b : {&p, &a, &h, &o}) K3_RETURN_IF_ERROR(b->alloc(c, n_tok * D));
+  K3_CUDA_CHECK(cudaMemcpyAsync(tok.f(), tokens, size_t(n_tok) * 4, cudaMemcpyHostToDevice, c.stream()));
+  K3_RETURN_IF_ERROR(embed_gpu(c, W, D, tok.as<int32_t>(), n_tok, p.f()));
+  c.cb("embd", -1, p.f(), n_tok * D);
+
+  std::vector<KdaSeqGpu> kseq(static_cast<size_t>(n_seq));
+  std::vector<MlaSeqGpu> mseq(static_cast<size_t>(n_seq));
+  std::vector<DevBuf> B;  // AttnRes: finished block sums (bf16), [n_tok, D] each
+  auto mix = [&](const float* q, float* out) {
+    std::vector<const float*> src;
+    for (const DevBuf& b : B) src.push_back(b.f());
+    src.push_back(p.f());
+    return attn_res_mix_gpu(c, src, q, eps, n_tok, D, out);
+  };
+  const bool ar = cfg_.uses_attn_res();
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    const LayerWeightsGpu& lw = W.layers[size_t(l)];
+    // attention sub-layer
+    const bool fresh = ar && l % cfg_.attn_res_block_size == 0;
+    const float* ain = p.f();
+    if (ar && l > 0) {
+      K3_RETURN_IF_ERROR(mix(lw.q_attn_res, a.f()));
+      ain = a.f();
+    }
+    rms_norm(c, ain, lw.input_layernorm, eps, n_tok, D, h.f());
+    c.cb("attn_norm", l, h.f(), n_tok * D);
+    for (int64_t i = 0; i < n_seq; ++i) {
+      GpuSeqState& st = *states[size_t(i)];
+      const int64_t r = row0[size_t(i)], n = row0[size_t(i) + 1] - r;
+      kseq[size_t(i)] = {&st.kda[size_t(l)], r, n};
+      const bool absorbed = opt_.mla == MlaPath::absorbed || (opt_.mla == MlaPath::auto_ && n == 1);
+      mseq[size_t(i)] = {&st.mla[size_t(l)], r, n, st.n_past_, absorbed};
+    }
+    if (lw.kind == AttnKind::kda)
+      K3_RETURN_IF_ERROR(kda_forward_gpu(c, cfg_, lw.kda, kx, kseq, h.f(), n_tok, o.f(), l));
+    else
+      K3_RETURN_IF_ERROR(mla_forward_gpu(c, cfg_, lw.mla, mseq, h.f(), n_tok, o.f(), l));
+    c.cb("attn_out", l, o.f(), n_tok * D);
+    if (fresh) {  // the partial sum so far becomes a finished block; the new one starts at the attention output
+      B.push_back(std::move(p));
+      p = std::move(o);
+      K3_RETURN_IF_ERROR(o.alloc(c, n_tok * D));
+    } else {
+      add_inplace(c, p.f(), o.f(), n_tok * D);
+      c.rnd(p.f(), n_tok * D);
+    }
+    // FFN sub-layer
+    const float* fin = p.f();
+    if (ar) {
+      K3_RETURN_IF_ERROR(mix(lw.q_mlp_res, a.f()));
+      fin = a.f();
+    }
+    rms_norm(c, fin, lw.post_attention_layernorm, eps, n_tok, D, h.f());
+    c.cb("ffn_norm", l, h.f(), n_tok * D);
+    if (lw.moe)
+      K3_RETURN_IF_ERROR(moe_forward_gpu(c, cfg_, lw.moe_w, h.f(), n_tok, o.f(), l));
+    else
+      K3_RETURN_IF_ERROR(ffn_forward_gpu(c, cfg_, lw.mlp, h.f(), n_tok, o.f()));
+    c.cb("ffn_out", l, o.f(), n_tok * D);
+    add_inplace(c, p.f(), o.f(), n_tok * D);
+    c.rnd(p.f(), n_tok * D);
+    c.cb("l_out", l, p.f(), n_tok * D);
+    if (!guard.ok()) return guard;
+    K3_RETURN_IF_ERROR(launch_status("layer loop"));
+  }
+  const float* fin = p.f();
+  if (ar) {
+    K3_RETURN_IF_ERROR(mix(W.q_out_res, a.f()));
+    fin = a.f();
+  }
+  for (int64_t i = 0; i < n_seq; ++i) states[size_t(i)]->n_past_ += row0[size_t(i) + 1] - row0[size_t(i)];
+
+  // logits = lm_head RMSNorm(h; model.norm), fp32 output, only for the requested rows
+  const int64_t n_out = int64_t(out_rows.size());
+  DevBuf rows, z;
+  K3_RETURN_IF_ERROR(rows.alloc_bytes(c, size_t(n_out) * 8));
+  K3_RETURN_IF_ERROR(z.alloc(c, n_out * V));
+  K3_CUDA_CHECK(cudaMemcpyAsync(rows.f(), out_rows.data(), size_t(n_out) * 8, cudaMemcpyHostToDevice, c.stream()));
+  gather_rows(c, o.f(), fin, rows.as<int64_t>(), n_out, D);
+  rms_norm(c, o.f(), W.norm, eps, n_out, D, h.f());
+  c.cb("result_norm", cfg_.n_layer, h.f(), n_out * D);
+  if (logits) {
+    linear(c, W.lm_head, h.f(), n_out, z.f(), /*round=*/false);
+    c.cb("result_output", cfg_.n_layer, z.f(), n_out * V);
+    K3_CUDA_CHECK(cudaMemcpyAsync(logits, z.f(), size_t(n_out * V) * 4, cudaMemcpyDeviceToHost, c.stream()));
+  }
+  K3_RETURN_IF_ERROR(launch_status("logits"));
+  K3_RETURN_IF_ERROR(synchronize(*c.g));
+  return guard;
+}
+
+Status GpuModel::forward(GpuSeqState& state, const int32_t* tokens, int64_t n_tok, std::vector<float>* logits,
+                         bool all_logits) {
+  K3_RETURN_IF_ERROR(check_tokens(tokens, n_tok, cfg_.n_vocab));
+  if (n_tok <= 0) {
+    if (logits) logits->clear();
+    return ok_status();
+  }
+  GpuSeqState* states[1] = {&state};
+  const int64_t row0[2] = {0, n_tok};
+  std::vector<int64_t> out_rows;
+  for (int64_t t = all_logits ? 0 : n_tok - 1; t < n_tok; ++t) out_rows.push_back(t);
+  if (logits) logits->resize(out_rows.size() * size_t(cfg_.n_vocab));
+  return run(states, tokens, row0, out_rows, logits ? logits->data() : nullptr);
+}
+
+Status GpuModel::forward_batch(std::span<GpuSeqState*> states, std::span<const std::span<const int32_t>> tokens,
+                               std::vector<std::vector<float>>* last_logits) {
+  if (states.size() != tokens.size())
+    return error(Code::invalid_argument, "forward_batch: " + std::to_string(states.size()) + " states but " +
+                                             std::to_string(tokens.size()) + " token spans");
+  std::vector<int32_t> all;
+  std::vector<int64_t> row0 = {0}, out_rows;
+  std::vector<GpuSeqState*> live;
+  for (size_t i = 0; i < states.size(); ++i) {
+    Status s = check_tokens(tokens[i].data(), int64_t(tokens[i].size()), cfg_.n_vocab);
+    if (!s.ok()) return s.with_context("sequence " + std::to_string(i));
+    for (size_t j = 0; j < i; ++j)
+      if (states[j] == states[i] && !tokens[i].empty())
+        return error(Code::invalid_argument, "forward_batch: one state appears twice");
+    if (tokens[i].empty()) continue;
+    all.insert(all.end(), tokens[i].begin(), tokens[i].end());
+    live.push_back(states[i]);
+    row0.push_back(int64_t(all.size()));
+    out_rows.push_back(int64_t(all.size()) - 1);
+  }
+  const int64_t V = cfg_.n_vocab;
+  std::vector<float> logits(out_rows.size() * size_t(V));
+  if (!live.empty()) K3_RETURN_IF_ERROR(run(live, all.data(), row0, out_rows, logits.data()));
+  if (last_logits) {
+    last_logits->assign(states.size(), {});
+    for (size_t i = 0, k = 0; i < states.size(); ++i) {
+      if (tokens[i].empty()) continue;
+      (*last_logits)[i].assign(logits.begin() + long(k * V), logits.begin() + long((k + 1) * V));
+      ++k;
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace k3::gpu

@@ -1,0 +1,101 @@
+// model_gpu.h: the forward pass of Kimi Linear, K3 and K3.1 on one CUDA device, the twin of model/model.h.
+//
+//   x0 = embed_tokens[id];  per layer the same sub-layers as the CPU model (KDA | MLA | DSA, then dense GLU |
+//   MoE), residual adds (KL) or Block AttnRes (K3 / K3.1);  logits = lm_head RMSNorm(final; model.norm)
+//
+// Every block mirrors src/model/<block>.cpp: same equations, same bf16 rounding points, same named
+// intermediates (ModelOptions::trace receives host copies), so GPU = CPU is checked tensor by tensor
+// (tests/cpp/test_gpu_model.cpp). Activations are fp32 on the device; fp32 mode never uses TF32.
+// Weights are uploaded once from the CPU binding (weights_gpu.h); per-sequence state (KDA S and conv
+// window, MLA latent cache, DSA index keys) lives on the device in a GpuSeqState.
+//
+// Built without CUDA (or with no device), load() returns Code::unsupported with "built without CUDA" /
+// "no CUDA device". This header includes no CUDA headers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/status.h"
+#include "io/checkpoint.h"
+#include "k3/config.h"
+#include "model/model.h"
+#include "model/state.h"
+
+namespace k3::gpu {
+
+struct ModelWeightsGpu;
+class GpuModel;
+
+struct KdaStateGpu {
+  float* S = nullptr;     // [H, K, V] fp32
+  float* conv = nullptr;  // [3, W-1, H*K] pre-conv q~, k~, v~ rows, oldest first
+};
+struct MlaStateGpu {
+  float* latent = nullptr;   // [cap, d_latent] rows [c | r]; rows [0, n_past) valid
+  float* index_k = nullptr;  // [cap, dsa d_head] (DSA layers)
+  int64_t cap = 0;           // rows allocated
+};
+
+// Per-sequence state on the device (model/state.h's layout, device memory).
+class GpuSeqState {
+ public:
+  ~GpuSeqState();
+  GpuSeqState(const GpuSeqState&) = delete;
+  GpuSeqState& operator=(const GpuSeqState&) = delete;
+
+  int64_t n_past() const { return n_past_; }
+  // Back to an empty sequence (S and conv windows zeroed, caches emptied; capacity kept).
+  Status reset();
+  // Device -> host copy into a CPU state of the same config (then the CPU model can continue it), and back.
+  Status download(SeqState* host) const;
+  Status upload(const SeqState& host);
+  // Device bytes held.
+  int64_t bytes() const;
+
+  std::vector<KdaStateGpu> kda;  // [n_layer]; null for MLA layers
+  std::vector<MlaStateGpu> mla;  // [n_layer]; null for KDA layers
+
+ private:
+  friend class GpuModel;
+  explicit GpuSeqState(const ModelConfig& cfg) : cfg_(&cfg) {}
+  // Grows every MLA layer's cache to hold at least n rows (doubling; old rows copied).
+  Status reserve(int64_t n);
+  const ModelConfig* cfg_;
+  float* kda_block_ = nullptr;  // one allocation for every KDA layer's S and conv
+  int64_t n_past_ = 0;
+};
+
+class GpuModel {
+ public:
+  // Binds the checkpoint (model/weights.h, same names and checks as the CPU) and uploads it to `device`.
+  static Result<std::unique_ptr<GpuModel>> load(const Checkpoint& ckpt, const ModelOptions& opt, int device = 0);
+  ~GpuModel();
+
+  const ModelConfig& config() const { return cfg_; }
+  const ModelOptions& options() const { return opt_; }
+  size_t weight_bytes() const;
+  Result<std::unique_ptr<GpuSeqState>> new_state();
+
+  // As Model::forward: appends tokens, logits [n_tok or 1, n_vocab] on the host. A bad token id gives a
+  // Status and leaves the state unchanged.
+  Status forward(GpuSeqState& state, const int32_t* tokens, int64_t n_tok, std::vector<float>* logits,
+                 bool all_logits);
+  // As Model::forward_batch: several sequences in one call; last_logits[i]: [n_vocab].
+  Status forward_batch(std::span<GpuSeqState*> states, std::span<const std::span<const int32_t>> tokens,
+                       std::vector<std::vector<float>>* last_logits);
+
+ private:
+  struct Impl;
+  GpuModel(const ModelConfig& cfg, const ModelOptions& opt);
+  Status run(std::span<GpuSeqState* const> states, const int32_t* tokens, std::span<const int64_t> row0,
+             std::span<const int64_t> out_rows, float* logits);
+  const ModelConfig& cfg_;
+  ModelOptions opt_;
+  int device_ = 0;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace k3::gpu

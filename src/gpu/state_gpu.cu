@@ -1,0 +1,143 @@
+// state_gpu.cu: per-sequence state on the device (model_gpu.h GpuSeqState), the twin of model/state.cpp.
+//
+//   KDA layers: S [H, K, V] and the conv window [3, W-1, H*K], all layers in one allocation, zeroed at start
+//   MLA layers: latent rows [cap, d_latent] (+ DSA index keys [cap, Di]), grown by doubling before a call
+// Copies to and from a host SeqState use the same layouts, so a sequence can move between CPU and GPU.
+#include "core/cuda_check.h"
+#include "gpu/model_gpu.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+namespace k3::gpu {
+
+namespace {
+
+int64_t kda_s_floats(const ModelConfig& c) { return int64_t(c.kda.n_head) * c.kda.d_head * c.kda.d_head; }
+int64_t kda_conv_floats(const ModelConfig& c) {
+  return 3 * int64_t(c.kda.conv_size - 1) * c.kda.n_head * c.kda.d_head;
+}
+int64_t index_width(const ModelConfig& c, int layer) {
+  return c.layer_attn[size_t(layer)] == AttnKind::dsa ? c.dsa.d_head : 0;
+}
+
+}  // namespace
+
+GpuSeqState::~GpuSeqState() {
+  cudaFree(kda_block_);
+  for (MlaStateGpu& m : mla) cudaFree(m.latent), cudaFree(m.index_k);
+}
+
+Result<std::unique_ptr<GpuSeqState>> GpuModel::new_state() {
+  K3_CUDA_CHECK(cudaSetDevice(device_));
+  std::unique_ptr<GpuSeqState> s(new GpuSeqState(cfg_));
+  const int L = cfg_.n_layer;
+  s->kda.assign(size_t(L), {});
+  s->mla.assign(size_t(L), {});
+  const int64_t per = kda_s_floats(cfg_) + kda_conv_floats(cfg_);
+  const int64_t n_kda = cfg_.n_layers_of(AttnKind::kda);
+  if (n_kda > 0) {
+    K3_CUDA_CHECK(cudaMalloc(&s->kda_block_, size_t(per * n_kda) * 4));
+    float* q = s->kda_block_;
+    for (int l = 0; l < L; ++l)
+      if (cfg_.layer_attn[size_t(l)] == AttnKind::kda) {
+        s->kda[size_t(l)] = {q, q + kda_s_floats(cfg_)};
+        q += per;
+      }
+  }
+  K3_RETURN_IF_ERROR(s->reset());
+  return Result<std::unique_ptr<GpuSeqState>>(std::move(s));
+}
+
+Status GpuSeqState::reset() {
+  n_past_ = 0;
+  const int64_t n_kda = cfg_->n_layers_of(AttnKind::kda);
+  if (kda_block_)
+    K3_CUDA_CHECK(cudaMemset(kda_block_, 0, size_t((kda_s_floats(*cfg_) + kda_conv_floats(*cfg_)) * n_kda) * 4));
+  K3_CUDA_CHECK(cudaDeviceSynchronize());
+  return ok_status();
+}
+
+Status GpuSeqState::reserve(int64_t n) {
+  const int64_t dl = cfg_->mla.d_latent();
+  for (int l = 0; l < cfg_->n_layer; ++l) {
+    if (cfg_->layer_attn[size_t(l)] == AttnKind::kda) continue;
+    MlaStateGpu& m = mla[size_t(l)];
+    if (m.cap >= n) continue;
+    const int64_t cap = std::max({n, 2 * m.cap, int64_t(64)}), di = index_width(*cfg_, l);
+    float *lat = nullptr, *idx = nullptr;
+    K3_CUDA_CHECK(cudaDeviceSynchronize());  // the old rows are final (the model's stream is idle between calls)
+    K3_CUDA_CHECK(cudaMalloc(&lat, size_t(cap * dl) * 4));
+    if (n_past_ > 0) K3_CUDA_CHECK(cudaMemcpy(lat, m.latent, size_t(n_past_ * dl) * 4, cudaMemcpyDeviceToDevice));
+    if (di > 0) {
+      K3_CUDA_CHECK(cudaMalloc(&idx, size_t(cap * di) * 4));
+      if (n_past_ > 0) K3_CUDA_CHECK(cudaMemcpy(idx, m.index_k, size_t(n_past_ * di) * 4, cudaMemcpyDeviceToDevice));
+    }
+    cudaFree(m.latent);
+    cudaFree(m.index_k);
+    m.latent = lat, m.index_k = idx, m.cap = cap;
+  }
+  return ok_status();
+}
+
+int64_t GpuSeqState::bytes() const {
+  int64_t n = (kda_s_floats(*cfg_) + kda_conv_floats(*cfg_)) * cfg_->n_layers_of(AttnKind::kda) * 4;
+  for (int l = 0; l < cfg_->n_layer; ++l)
+    if (cfg_->layer_attn[size_t(l)] != AttnKind::kda)
+      n += mla[size_t(l)].cap * (cfg_->mla.d_latent() + index_width(*cfg_, l)) * 4;
+  return n;
+}
+
+Status GpuSeqState::download(SeqState* host) const {
+  K3_CUDA_CHECK(cudaDeviceSynchronize());
+  const int64_t dl = cfg_->mla.d_latent();
+  for (int l = 0; l < cfg_->n_layer; ++l) {
+    if (cfg_->layer_attn[size_t(l)] == AttnKind::kda) {
+      KdaState& k = host->kda[size_t(l)];
+      k.S.resize(size_t(kda_s_floats(*cfg_)));
+      k.conv.resize(size_t(kda_conv_floats(*cfg_)));
+      K3_CUDA_CHECK(cudaMemcpy(k.S.data(), kda[size_t(l)].S, k.S.size() * 4, cudaMemcpyDeviceToHost));
+      K3_CUDA_CHECK(cudaMemcpy(k.conv.data(), kda[size_t(l)].conv, k.conv.size() * 4, cudaMemcpyDeviceToHost));
+      continue;
+    }
+    MlaState& m = host->mla[size_t(l)];
+    const int64_t di = index_width(*cfg_, l);
+    m.latent.resize(size_t(n_past_ * dl));
+    m.index_k.resize(size_t(n_past_ * di));
+    if (n_past_ == 0) continue;
+    K3_CUDA_CHECK(cudaMemcpy(m.latent.data(), mla[size_t(l)].latent, m.latent.size() * 4, cudaMemcpyDeviceToHost));
+    if (di > 0)
+      K3_CUDA_CHECK(cudaMemcpy(m.index_k.data(), mla[size_t(l)].index_k, m.index_k.size() * 4, cudaMemcpyDeviceToHost));
+  }
+  host->set_n_past(n_past_);
+  return ok_status();
+}
+
+Status GpuSeqState::upload(const SeqState& host) {
+  const int64_t n = host.n_past(), dl = cfg_->mla.d_latent();
+  n_past_ = 0;  // reserve copies nothing
+  K3_RETURN_IF_ERROR(reserve(n));
+  for (int l = 0; l < cfg_->n_layer; ++l) {
+    if (cfg_->layer_attn[size_t(l)] == AttnKind::kda) {
+      const KdaState& k = host.kda[size_t(l)];
+      if (int64_t(k.S.size()) != kda_s_floats(*cfg_) || int64_t(k.conv.size()) != kda_conv_floats(*cfg_))
+        return error(Code::invalid_argument, "upload: KDA state of layer " + std::to_string(l) + " has the wrong size");
+      K3_CUDA_CHECK(cudaMemcpy(kda[size_t(l)].S, k.S.data(), k.S.size() * 4, cudaMemcpyHostToDevice));
+      K3_CUDA_CHECK(cudaMemcpy(kda[size_t(l)].conv, k.conv.data(), k.conv.size() * 4, cudaMemcpyHostToDevice));
+      continue;
+    }
+    const MlaState& m = host.mla[size_t(l)];
+    const int64_t di = index_width(*cfg_, l);
+    if (int64_t(m.latent.size()) != n * dl || int64_t(m.index_k.size()) != n * di)
+      return error(Code::invalid_argument, "upload: MLA cache of layer " + std::to_string(l) + " has the wrong size");
+    if (n == 0) continue;
+    K3_CUDA_CHECK(cudaMemcpy(mla[size_t(l)].latent, m.latent.data(), m.latent.size() * 4, cudaMemcpyHostToDevice));
+    if (di > 0)
+      K3_CUDA_CHECK(cudaMemcpy(mla[size_t(l)].index_k, m.index_k.data(), m.index_k.size() * 4, cudaMemcpyHostToDevice));
+  }
+  n_past_ = n;
+  return ok_status();
+}
+
+}  // namespace k3::gpu
