@@ -1,0 +1,137 @@
+// kda_fast_decode.cu: one fused KDA decode step per layer for d_k = d_v = 128 (kda_fast.h).
+//
+// One CTA (8 warps) per (head, sequence). The state S[slot][h] [128, 128] fp32 is read once into registers
+// (warp w holds rows 16w .. 16w+15, lane l columns 4l .. 4l+3, issued before anything else so the loads
+// overlap the conv), updated and written back once, in place:
+//   conv window + current pre-conv input -> SiLU -> bf16;  q, k l2norm (q * K^-1/2);  alpha = exp(g),
+//   g = g_lower sigmoid(exp(A_log) (f + dt_bias));  beta = sigmoid(b)
+//   S <- diag(alpha) S;  u = beta (v - S^T k);  S <- S + k u^T;  o = bf16(S^T q)
+//   out = o rsqrt(mean(o^2) + eps) w_onorm sigmoid(gate)
+// Sums over the 128 rows go through shared memory, one partial per warp.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "core/cuda_check.h"
+#include "ops/kda_fast.h"
+
+namespace k3 {
+namespace {
+
+constexpr int DK = 128, DV = 128, NT = 256, NW = NT / 32, ROWS = DK / NW;
+
+__device__ inline float bf16f(uint16_t x) {
+  return __uint_as_float(uint32_t(x) << 16);
+}
+__device__ inline float round_bf16(float x) {
+  return __bfloat162float(__float2bfloat16_rn(x));
+}
+__device__ inline float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+__global__ void __launch_bounds__(NT) kda_decode_kernel(const KdaDecodeParams p) {
+  __shared__ __align__(16) float x[3][DK];        // conv outputs q~, k~, v~ (bf16 values), then q, k normalized
+  __shared__ float alpha[DK];       // exp(g)
+  __shared__ __align__(16) float red[2][NW][DV];  // per-warp partial sums: S^T k, then S^T q
+  __shared__ float scal[4];         // |q|^-1, |k|^-1, beta, rms
+  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int H = p.n_head, HK = H * DK, slot = p.slot[b];
+  float4* Sg = reinterpret_cast<float4*>(p.S + (size_t(slot) * H + h) * DK * DV);
+  float4 s[ROWS];
+#pragma unroll
+  for (int i = 0; i < ROWS; ++i) s[i] = Sg[(warp * ROWS + i) * (DV / 4) + lane];
+
+  // Short conv (width 4) over the window [x_{t-3}, x_{t-2}, x_{t-1}] and x_t, SiLU, bf16; roll the window.
+  for (int e = tid; e < 3 * DK; e += NT) {
+    const int m = e / DK, c = e % DK, ch = h * DK + c;
+    const float4 w = reinterpret_cast<const float4*>(p.conv_w)[size_t(m) * HK + ch];
+    uint16_t* win = p.conv + (size_t(slot) * 9 + m * 3) * HK + ch;
+    const uint16_t cur = p.qkv[(size_t(b) * 3 + m) * HK + ch];
+    const uint16_t w0 = win[0], w1 = win[HK], w2 = win[2 * HK];
+    float y = w.x * bf16f(w0) + w.y * bf16f(w1) + w.z * bf16f(w2) + w.w * bf16f(cur);
+    y = y / (1.f + __expf(-y));
+    x[m][c] = round_bf16(y);
+    win[0] = w1;
+    win[HK] = w2;
+    win[2 * HK] = cur;
+  }
+  if (tid < DK) {
+    const float A = __expf(p.A_log[h]);
+    const float z = bf16f(p.f[size_t(b) * HK + h * DK + tid]) + p.dt_bias[h * DK + tid];
+    const float g = p.g_lower / (1.f + __expf(-A * z));
+    alpha[tid] = __expf(g);
+  }
+  __syncthreads();
+  if (warp < 2) {  // warp 0: |q|, warp 1: |k|
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) ss += x[warp][lane + 32 * j] * x[warp][lane + 32 * j];
+    ss = warp_sum(ss);
+    if (lane == 0) scal[warp] = rsqrtf(ss + 1e-6f) * (warp == 0 ? rsqrtf(float(DK)) : 1.f);
+  } else if (warp == 2 && lane == 0) {
+    scal[2] = 1.f / (1.f + __expf(-bf16f(p.b[size_t(b) * H + h])));
+  }
+  __syncthreads();
+  const float sq = scal[0], sk = scal[1], beta = scal[2];
+  // Decay rows, u partial = S^T k over this warp's rows.
+  float4 part = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int i = 0; i < ROWS; ++i) {
+    const int a = warp * ROWS + i;
+    const float al = alpha[a], ka = x[1][a] * sk;
+    s[i].x *= al, s[i].y *= al, s[i].z *= al, s[i].w *= al;
+    part.x += s[i].x * ka, part.y += s[i].y * ka, part.z += s[i].z * ka, part.w += s[i].w * ka;
+  }
+  reinterpret_cast<float4*>(red[0][warp])[lane] = part;
+  __syncthreads();
+  float4 u = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int w = 0; w < NW; ++w) {
+    const float4 r = reinterpret_cast<const float4*>(red[0][w])[lane];
+    u.x += r.x, u.y += r.y, u.z += r.z, u.w += r.w;
+  }
+  const float4 v = reinterpret_cast<const float4*>(x[2])[lane];
+  u = make_float4(beta * (v.x - u.x), beta * (v.y - u.y), beta * (v.z - u.z), beta * (v.w - u.w));
+  part = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int i = 0; i < ROWS; ++i) {  // S += k u^T; o partial = S^T q; write S back
+    const int a = warp * ROWS + i;
+    const float ka = x[1][a] * sk, qa = x[0][a] * sq;
+    s[i].x += ka * u.x, s[i].y += ka * u.y, s[i].z += ka * u.z, s[i].w += ka * u.w;
+    part.x += s[i].x * qa, part.y += s[i].y * qa, part.z += s[i].z * qa, part.w += s[i].w * qa;
+    Sg[a * (DV / 4) + lane] = s[i];
+  }
+  reinterpret_cast<float4*>(red[1][warp])[lane] = part;
+  __syncthreads();
+  // o = bf16(sum of partials); gated RMSNorm over the head's 128 values.
+  float o = 0.f;
+  if (tid < DV) {
+#pragma unroll
+    for (int w = 0; w < NW; ++w) o += red[1][w][tid];
+    o = round_bf16(o);
+    const float ss = warp_sum(o * o);
+    if (lane == 0) red[0][0][warp] = ss;
+  }
+  __syncthreads();
+  if (tid < DV) {
+    const float ms = (red[0][0][0] + red[0][0][1] + red[0][0][2] + red[0][0][3]) / float(DV);
+    const float gt = bf16f(p.gate[size_t(b) * H * DV + h * DV + tid]);
+    const float y = o * rsqrtf(ms + p.eps) * p.o_norm[tid] / (1.f + __expf(-gt));
+    p.out[size_t(b) * H * DV + h * DV + tid] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
+  }
+}
+
+}  // namespace
+
+Status kda_decode_fast_cuda(const KdaDecodeParams& p, GpuContext& g) {
+  Status st = kda_decode_fast_check(p);
+  if (!st.ok()) return st;
+  const dim3 grid(unsigned(p.n_head), unsigned(p.n_seq));
+  kda_decode_kernel<<<grid, NT, 0, g.stream>>>(p);
+  K3_CUDA_CHECK(cudaGetLastError());
+  return ok_status();
+}
+
+}  // namespace k3

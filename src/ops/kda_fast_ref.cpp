@@ -1,0 +1,158 @@
+// kda_fast_ref.cpp: fp64 host references of the fast KDA kernels (kda_fast.h) and their shape checks.
+// Prefill: the token-by-token recurrence of MODEL.md §4 step 6 per sequence, on the bf16 inputs widened.
+// Decode: conv window, SiLU (bf16 out), l2norm, gate, beta, one recurrence step and the gated RMSNorm,
+// each as MODEL.md §4 writes it, in fp64 except the bf16 rounding points (conv output, o).
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "ops/kda_fast.h"
+
+namespace k3 {
+
+namespace {
+
+std::string shape_of(int n_head, int d_k, int d_v) {
+  return "n_head=" + std::to_string(n_head) + " d_k=" + std::to_string(d_k) + " d_v=" + std::to_string(d_v);
+}
+
+inline double bf(uint16_t x) {
+  return double(bf16_to_f32(x));
+}
+
+// One recurrence step on S [K, V] (row-major): decay, delta update, read after write.
+void step(std::vector<double>& S, int K, int V, const double* q, const double* k, const double* v,
+          const double* g, double beta, double* o) {
+  std::vector<double> u(size_t(V), 0.0);
+  for (int a = 0; a < K; ++a) {
+    const double alpha = std::exp(g[a]);
+    for (int c = 0; c < V; ++c) {
+      S[size_t(a) * V + c] *= alpha;
+      u[size_t(c)] += S[size_t(a) * V + c] * k[a];
+    }
+  }
+  for (int c = 0; c < V; ++c) u[size_t(c)] = beta * (v[c] - u[size_t(c)]);
+  for (int c = 0; c < V; ++c) o[c] = 0.0;
+  for (int a = 0; a < K; ++a)
+    for (int c = 0; c < V; ++c) {
+      S[size_t(a) * V + c] += k[a] * u[size_t(c)];
+      o[c] += S[size_t(a) * V + c] * q[a];
+    }
+}
+
+}  // namespace
+
+Status kda_prefill_fast_check(const KdaPrefillParams& p) {
+  const std::string what = "kda_prefill_fast: ";
+  if (p.d_k != 128 || p.d_v != 128 || p.n_head <= 0)
+    return error(Code::unsupported, what + "unsupported shape " + shape_of(p.n_head, p.d_k, p.d_v) +
+                                        " (only d_k = d_v = 128; use kda_chunk_cuda)");
+  if (p.n_seq <= 0 || p.n_tok < 0)
+    return error(Code::invalid_argument, what + "bad batch n_seq=" + std::to_string(p.n_seq) +
+                                             " n_tok=" + std::to_string(p.n_tok));
+  if (!p.cu_seqlens || !p.q || !p.k || !p.v || !p.g || !p.beta || !p.S || !p.o)
+    return error(Code::invalid_argument, what + "a required pointer is null (" +
+                                             shape_of(p.n_head, p.d_k, p.d_v) + ")");
+  return ok_status();
+}
+
+Status kda_decode_fast_check(const KdaDecodeParams& p) {
+  const std::string what = "kda_decode_fast: ";
+  if (p.d_k != 128 || p.d_v != 128 || p.n_head <= 0)
+    return error(Code::unsupported, what + "unsupported shape " + shape_of(p.n_head, p.d_k, p.d_v) +
+                                        " (only d_k = d_v = 128; use kda_recurrent_cuda)");
+  if (p.n_seq <= 0)
+    return error(Code::invalid_argument, what + "bad batch n_seq=" + std::to_string(p.n_seq));
+  if (!p.qkv || !p.conv_w || !p.f || !p.dt_bias || !p.A_log || !p.b || !p.gate || !p.o_norm || !p.slot ||
+      !p.S || !p.conv || !p.out)
+    return error(Code::invalid_argument, what + "a required pointer is null (" +
+                                             shape_of(p.n_head, p.d_k, p.d_v) + ")");
+  return ok_status();
+}
+
+void kda_prefill_fast_ref(const KdaPrefillParams& p) {
+  const int H = p.n_head, K = p.d_k, V = p.d_v;
+  std::vector<double> S(size_t(K) * V), q(static_cast<size_t>(K)), k(static_cast<size_t>(K)), g(static_cast<size_t>(K)), v(static_cast<size_t>(V)), o(static_cast<size_t>(V));
+  for (int s = 0; s < p.n_seq; ++s) {
+    const int slot = p.slot ? p.slot[s] : s;
+    for (int h = 0; h < H; ++h) {
+      float* Sh = p.S + (size_t(slot) * H + h) * K * V;
+      for (size_t i = 0; i < S.size(); ++i) S[i] = p.zero_initial_state ? 0.0 : double(Sh[i]);
+      for (int64_t t = p.cu_seqlens[s]; t < p.cu_seqlens[s + 1]; ++t) {
+        const size_t rk = size_t(t * H + h) * K, rv = size_t(t * H + h) * V;
+        for (int a = 0; a < K; ++a) {
+          q[size_t(a)] = bf(p.q[rk + a]);
+          k[size_t(a)] = bf(p.k[rk + a]);
+          g[size_t(a)] = bf(p.g[rk + a]);
+        }
+        for (int c = 0; c < V; ++c) v[size_t(c)] = bf(p.v[rv + c]);
+        step(S, K, V, q.data(), k.data(), v.data(), g.data(), double(p.beta[t * H + h]), o.data());
+        for (int c = 0; c < V; ++c) p.o[rv + c] = f32_to_bf16(float(o[size_t(c)]));
+      }
+      for (size_t i = 0; i < S.size(); ++i) Sh[i] = float(S[i]);
+    }
+  }
+}
+
+void kda_decode_fast_ref(const KdaDecodeParams& p) {
+  const int H = p.n_head, K = p.d_k, V = p.d_v, HK = H * K;
+  std::vector<double> S(size_t(K) * V), x(size_t(3) * HK), o(static_cast<size_t>(V));
+  for (int b = 0; b < p.n_seq; ++b) {
+    const int slot = p.slot[b];
+    uint16_t* win = p.conv + size_t(slot) * 3 * 3 * HK;  // [3 (q,k,v)][3 (time)][HK]
+    // Short conv over the window + the current input, SiLU, bf16; then roll the window.
+    for (int m = 0; m < 3; ++m)
+      for (int c = 0; c < HK; ++c) {
+        const float* w = p.conv_w + (size_t(m) * HK + c) * 4;
+        const uint16_t cur = p.qkv[(size_t(b) * 3 + m) * HK + c];
+        uint16_t* wc = win + size_t(m) * 3 * HK + c;
+        double y = double(w[3]) * bf(cur);
+        for (int j = 0; j < 3; ++j) y += double(w[j]) * bf(wc[size_t(j) * HK]);
+        y = y / (1.0 + std::exp(-y));
+        x[size_t(m) * HK + c] = double(round_bf16(float(y)));
+        wc[0] = wc[size_t(HK)];
+        wc[size_t(HK)] = wc[size_t(2) * HK];
+        wc[size_t(2) * HK] = cur;
+      }
+    for (int h = 0; h < H; ++h) {
+      double* q = &x[size_t(h) * K];
+      double* k = &x[size_t(HK) + size_t(h) * K];
+      const double* v = &x[size_t(2) * HK + size_t(h) * V];
+      double nq = 0, nk = 0;
+      for (int a = 0; a < K; ++a) {
+        nq += q[a] * q[a];
+        nk += k[a] * k[a];
+      }
+      const double sq = 1.0 / std::sqrt(nq + 1e-6) / std::sqrt(double(K)), sk = 1.0 / std::sqrt(nk + 1e-6);
+      for (int a = 0; a < K; ++a) {
+        q[a] *= sq;
+        k[a] *= sk;
+      }
+      std::vector<double> g(static_cast<size_t>(K));
+      const double A = std::exp(double(p.A_log[h]));
+      for (int a = 0; a < K; ++a) {
+        const double z = bf(p.f[size_t(b) * HK + size_t(h) * K + a]) + double(p.dt_bias[size_t(h) * K + a]);
+        g[size_t(a)] = double(p.g_lower) / (1.0 + std::exp(-A * z));
+      }
+      const double beta = 1.0 / (1.0 + std::exp(-bf(p.b[size_t(b) * H + h])));
+      float* Sh = p.S + (size_t(slot) * H + h) * K * V;
+      for (size_t i = 0; i < S.size(); ++i) S[i] = double(Sh[i]);
+      step(S, K, V, q, k, v, g.data(), beta, o.data());
+      for (size_t i = 0; i < S.size(); ++i) Sh[i] = float(S[i]);
+      double ms = 0;
+      for (int c = 0; c < V; ++c) {
+        o[size_t(c)] = double(round_bf16(float(o[size_t(c)])));
+        ms += o[size_t(c)] * o[size_t(c)];
+      }
+      const double r = 1.0 / std::sqrt(ms / V + double(p.eps));
+      for (int c = 0; c < V; ++c) {
+        const double gt = bf(p.gate[size_t(b) * H * V + size_t(h) * V + c]);
+        const double y = o[size_t(c)] * r * double(p.o_norm[c]) / (1.0 + std::exp(-gt));
+        p.out[size_t(b) * H * V + size_t(h) * V + c] = f32_to_bf16(float(y));
+      }
+    }
+  }
+}
+
+}  // namespace k3
