@@ -128,18 +128,18 @@ Status run(const BenchArgs& a) {
   std::vector<Row> rows;
   std::vector<float> logits;
   {  // warm-up: page in the weights, start the threads
-    auto s = l.model->new_state();
+    K3_ASSIGN_OR_RETURN(auto s, new_sequence(l));
     const int32_t id = any_id(rng);
-    K3_RETURN_IF_ERROR(l.model->forward(*s, &id, 1, &logits, false));
+    K3_RETURN_IF_ERROR(s->forward(&id, 1, &logits, false));
   }
   for (int p : a.prompt_lens) {
     std::vector<int32_t> ids(static_cast<size_t>(p));
     for (auto& id : ids) id = any_id(rng);
     std::vector<double> t;
     for (int r = 0; r < a.reps; ++r) {
-      auto s = l.model->new_state();
+      K3_ASSIGN_OR_RETURN(auto s, new_sequence(l));
       const double t0 = now_s();
-      K3_RETURN_IF_ERROR(l.model->forward(*s, ids.data(), p, &logits, false));
+      K3_RETURN_IF_ERROR(s->forward(ids.data(), p, &logits, false));
       t.push_back(now_s() - t0);
     }
     const double tm = median(t);
@@ -149,9 +149,12 @@ Status run(const BenchArgs& a) {
     std::vector<double> t;
     double state_bytes = 0;
     for (int r = 0; r < a.reps; ++r) {
-      std::vector<std::unique_ptr<SeqState>> states;
-      std::vector<SeqState*> ptrs;
-      for (int i = 0; i < b; ++i) ptrs.push_back(states.emplace_back(l.model->new_state()).get());
+      std::vector<std::unique_ptr<Sequence>> states;
+      std::vector<Sequence*> ptrs;
+      for (int i = 0; i < b; ++i) {
+        K3_ASSIGN_OR_RETURN(auto s, new_sequence(l));
+        ptrs.push_back(states.emplace_back(std::move(s)).get());
+      }
       std::vector<int32_t> ids(static_cast<size_t>(b));
       std::vector<std::span<const int32_t>> spans;
       for (int i = 0; i < b; ++i) spans.emplace_back(&ids[size_t(i)], 1);
@@ -161,9 +164,9 @@ Status run(const BenchArgs& a) {
       for (int step = 0; step < a.n_decode; ++step) {
         for (auto& id : ids) id = any_id(rng);
         if (b == 1)
-          K3_RETURN_IF_ERROR(l.model->forward(*states[0], ids.data(), 1, &logits, false));
+          K3_RETURN_IF_ERROR(states[0]->forward(ids.data(), 1, &logits, false));
         else
-          K3_RETURN_IF_ERROR(l.model->forward_batch(ptrs, spans, &last));
+          K3_RETURN_IF_ERROR(forward_batch(l, ptrs, spans, &last));
       }
       t.push_back(now_s() - t0);
       state_bytes = 0.5 * (before + double(states[0]->bytes()));
@@ -176,8 +179,9 @@ Status run(const BenchArgs& a) {
                     bytes, gbs, gbs * 1e9 / bw.bytes_per_s});
   }
 
-  std::printf("k3 bench: %s (%s), precision %s, %d threads\n", a.model.dir.c_str(), family_name(c.family),
-              a.model.precision.c_str(), threads);
+  std::printf("k3 bench: %s (%s), precision %s, %d threads%s\n", a.model.dir.c_str(), family_name(c.family),
+              a.model.precision.c_str(), threads,
+              l.gpu ? ", device cuda (% of bw: against the host's read bandwidth, not the GPU's)" : "");
   std::printf("read bandwidth: %.2f GB/s (median %.2f; %lld MiB buffer, %d passes)\n", bw.bytes_per_s / 1e9,
               bw.median_bytes_per_s / 1e9, (long long)(bw.buffer_bytes >> 20), bw.n_passes);
   std::printf("| %-8s | %5s | %12s | %10s | %12s | %8s | %8s |\n", "test", "batch", "tokens/s", "ms/step",
@@ -201,7 +205,8 @@ Status run(const BenchArgs& a) {
     std::string model = a.model.dir;
     while (model.size() > 1 && model.back() == '/') model.pop_back();
     model = model.substr(model.find_last_of('/') + 1);
-    const std::string cfg = " " + model + " " + a.model.precision + " t" + std::to_string(threads);
+    const std::string cfg = " " + model + " " + a.model.precision + " t" + std::to_string(threads) +
+                            (l.gpu ? " cuda" : "");
     auto line = [&](const std::string& metric, double value, const char* unit) {
       nlohmann::ordered_json j = {{"bench", a.bench}, {"commit", commit},      {"machine", machine},
                                   {"metric", metric}, {"value", value},        {"unit", unit},
@@ -232,7 +237,7 @@ Status run(const BenchArgs& a) {
 void add_bench(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   auto* cmd = app.add_subcommand("bench", "prefill and decode speed against the machine's read bandwidth");
-  add_model_options(cmd, &a->model);
+  add_model_options(cmd, &a->model, /*with_device=*/true);
   cmd->add_option("-p,--n-prompt", a->prompt_lens, "prompt lengths (default 128,512)")->delimiter(',');
   cmd->add_option("-n,--n-gen", a->n_decode, "decode steps (default 32)");
   cmd->add_option("-b,--batch", a->batches, "decode batch sizes (default 1,4)")->delimiter(',');

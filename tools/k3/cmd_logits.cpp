@@ -2,6 +2,7 @@
 //
 //   k3 logits -m DIR (--tokens 1,2,3 | --tokens-file F.npy | -p TEXT) -o OUT.npy
 //             [--precision fp32|bf16] [--decode-path] [--chunk N] [--mla absorbed|unabsorbed] [-t THREADS]
+//             [--device cpu|cuda]
 //
 // OUT.npy: float32 [T, n_vocab], row t = logits after token t. One-shot prefill by default; --decode-path
 // feeds one token per call; --chunk N prefills in pieces of N (each continuing from the state). The tokens
@@ -18,6 +19,7 @@
 #include "io/checkpoint.h"
 #include "io/tokenizer.h"
 #include "engine/npy.h"
+#include "gpu/model_gpu.h"
 #include "model/model.h"
 
 namespace k3::cli {
@@ -48,7 +50,7 @@ Result<std::vector<int32_t>> parse_token_list(const std::string& s) {
 }
 
 struct Args {
-  std::string model, tokens, tokens_file, prompt, out, precision = "fp32", mla;
+  std::string model, tokens, tokens_file, prompt, out, precision = "fp32", mla, device = "cpu";
   bool decode_path = false;
   int chunk = 0, threads = 0;
 };
@@ -82,15 +84,26 @@ Status run(const Args& a) {
   if (tokens.empty()) return error(Code::invalid_argument, "no tokens");
 
   K3_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::open(a.model));
-  K3_ASSIGN_OR_RETURN(auto model, Model::load(*ckpt, opt));
-  auto state = model->new_state();
-  const int64_t T = int64_t(tokens.size()), V = model->config().n_vocab;
+  if (a.device != "cpu" && a.device != "cuda") return error(Code::invalid_argument, "--device must be cpu or cuda");
+  std::unique_ptr<Model> model;
+  std::unique_ptr<SeqState> state;
+  std::unique_ptr<gpu::GpuModel> gmodel;
+  std::unique_ptr<gpu::GpuSeqState> gstate;
+  if (a.device == "cuda") {
+    K3_ASSIGN_OR_RETURN(gmodel, gpu::GpuModel::load(*ckpt, opt));
+    K3_ASSIGN_OR_RETURN(gstate, gmodel->new_state());
+  } else {
+    K3_ASSIGN_OR_RETURN(model, Model::load(*ckpt, opt));
+    state = model->new_state();
+  }
+  const int64_t T = int64_t(tokens.size()), V = ckpt->config().n_vocab;
   std::vector<float> all, part;
   all.reserve(size_t(T * V));
   const int64_t step = a.decode_path ? 1 : (a.chunk > 0 ? a.chunk : T);
   for (int64_t t0 = 0; t0 < T; t0 += step) {
     const int64_t n = std::min(step, T - t0);
-    K3_RETURN_IF_ERROR(model->forward(*state, tokens.data() + t0, n, &part, true));
+    K3_RETURN_IF_ERROR(gmodel ? gmodel->forward(*gstate, tokens.data() + t0, n, &part, true)
+                              : model->forward(*state, tokens.data() + t0, n, &part, true));
     all.insert(all.end(), part.begin(), part.end());
   }
   return write_npy(a.out, all.data(), {T, V});
@@ -111,6 +124,7 @@ void add_logits(CLI::App& app) {
   cmd->add_option("--chunk", args->chunk, "prefill in pieces of N tokens");
   cmd->add_option("--mla", args->mla, "force the MLA path: absorbed | unabsorbed");
   cmd->add_option("-t,--threads", args->threads, "threads (default: all cores)");
+  cmd->add_option("--device", args->device, "cpu | cuda (default cpu)");
   cmd->callback([args] {
     Status s = run(*args);
     if (!s.ok()) {

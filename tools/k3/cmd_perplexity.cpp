@@ -1,6 +1,7 @@
 // k3 perplexity: sliding-window perplexity of a text file (the Hugging Face "strided" evaluation).
 //
 //   k3 perplexity -m DIR -f FILE [-c CTX] [--stride S] [--max-windows N] [--precision ...] [-t ...]
+//                 [--device cpu|cuda]
 //
 // ids = encode(file) (ordinary text, no BOS). Window k covers ids [b, e) with b = k * S, e = min(b + CTX, N),
 // each run from a fresh state with logits at every position. Position j is scored in the window where it
@@ -66,9 +67,9 @@ Status run(const PplArgs& a) {
   std::vector<float> logits;
   for (int64_t k = 0; k < n_windows; ++k) {
     const int64_t b = k * stride, e = std::min(b + a.n_ctx, N);
-    auto state = l.model->new_state();
+    K3_ASSIGN_OR_RETURN(auto seq, new_sequence(l));
     const auto t0 = std::chrono::steady_clock::now();
-    K3_RETURN_IF_ERROR(l.model->forward(*state, ids.data() + b, e - b, &logits, true)
+    K3_RETURN_IF_ERROR(seq->forward(ids.data() + b, e - b, &logits, true)
                            .with_context("window " + std::to_string(k + 1)));
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     n_fed += e - b;
@@ -93,7 +94,7 @@ Status run(const PplArgs& a) {
 void add_perplexity(CLI::App& app) {
   auto a = std::make_shared<PplArgs>();
   auto* cmd = app.add_subcommand("perplexity", "sliding-window perplexity of a text file");
-  add_model_options(cmd, &a->model);
+  add_model_options(cmd, &a->model, /*with_device=*/true);
   cmd->add_option("-f,--file", a->file, "text file to score")->required();
   cmd->add_option("-c,--ctx-size", a->n_ctx, "window size in tokens (default 512)");
   cmd->add_option("--stride", a->stride, "tokens each window advances (default: the window size)");

@@ -3,7 +3,8 @@
 //
 //   k3 run -m DIR (-p TEXT | -f FILE) [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
 //          [--repeat-penalty R] [--repeat-last-n N] [--stop STR]... [-c CTX] [--truncate]
-//          [--precision fp32|bf16] [-t THREADS] [--special] [--echo] [--tokens-out FILE.npy]
+//          [--precision fp32|bf16] [--device cpu|cuda] [-t THREADS] [--special] [--echo]
+//          [--tokens-out FILE.npy]
 //
 // stdout: only the continuation (the prompt too with --echo). stderr: timings at the end:
 //   k3: prompt      N tokens in  X ms (Y tokens/s)
@@ -65,9 +66,9 @@ Status run(const RunArgs& a) {
   go.n_ctx = a.n_ctx;
   go.stop_ids = stop_ids(cfg, *l.tok);
   go.stop_strings = a.stop;
-  auto state = l.model->new_state();
+  K3_ASSIGN_OR_RETURN(auto seq, new_sequence(l));
   StepFn step = [&](std::span<const int32_t> ids, std::vector<float>* logits) {
-    return l.model->forward(*state, ids.data(), int64_t(ids.size()), logits, false);
+    return seq->forward(ids.data(), int64_t(ids.size()), logits, false);
   };
   if (a.echo) {
     std::fputs(l.tok->decode(prompt).c_str(), stdout);
@@ -95,7 +96,7 @@ Status run(const RunArgs& a) {
 void add_run(CLI::App& app) {
   auto a = std::make_shared<RunArgs>();
   auto* cmd = app.add_subcommand("run", "continue a text prompt, streaming the output");
-  add_model_options(cmd, &a->model);
+  add_model_options(cmd, &a->model, /*with_device=*/true);
   auto* p = cmd->add_option("-p,--prompt", a->prompt, "prompt text");
   cmd->add_option("-f,--file", a->prompt_file, "read the prompt from a file")->excludes(p);
   cmd->add_option("-n,--n-predict", a->n_predict,

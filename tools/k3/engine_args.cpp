@@ -11,11 +11,13 @@
 
 namespace k3::cli {
 
-void add_model_options(CLI::App* cmd, ModelArgs* a) {
+void add_model_options(CLI::App* cmd, ModelArgs* a, bool with_device) {
   cmd->add_option("-m,--model", a->dir, "checkpoint directory")->required();
   cmd->add_option("--precision", a->precision, "fp32 | bf16 (default fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_option("-t,--threads", a->threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  if (with_device)
+    cmd->add_option("--device", a->device, "cpu | cuda (default cpu)")->check(CLI::IsMember({"cpu", "cuda"}));
 }
 
 Result<Loaded> load_model(const ModelArgs& a, bool with_tokenizer) {
@@ -34,7 +36,41 @@ Result<Loaded> load_model(const ModelArgs& a, bool with_tokenizer) {
                                        std::to_string(l.ckpt->config().n_vocab));
   }
   K3_ASSIGN_OR_RETURN(l.model, Model::load(*l.ckpt, opt));
+  if (a.device == "cuda") {
+    K3_ASSIGN_OR_RETURN(l.gpu, gpu::GpuModel::load(*l.ckpt, opt));
+  } else if (a.device != "cpu") {
+    return error(Code::invalid_argument, "--device must be cpu or cuda");
+  }
   return l;
+}
+
+Status Sequence::forward(const int32_t* ids, int64_t n, std::vector<float>* logits, bool all_logits) {
+  return gpu ? gpu->forward(*gpu_state, ids, n, logits, all_logits)
+             : cpu->forward(*cpu_state, ids, n, logits, all_logits);
+}
+
+Result<std::unique_ptr<Sequence>> new_sequence(const Loaded& l) {
+  auto s = std::make_unique<Sequence>();
+  if (l.gpu) {
+    s->gpu = l.gpu.get();
+    K3_ASSIGN_OR_RETURN(s->gpu_state, l.gpu->new_state());
+  } else {
+    s->cpu = l.model.get();
+    s->cpu_state = l.model->new_state();
+  }
+  return Result<std::unique_ptr<Sequence>>(std::move(s));
+}
+
+Status forward_batch(const Loaded& l, std::span<Sequence* const> seqs,
+                     std::span<const std::span<const int32_t>> tokens, std::vector<std::vector<float>>* last_logits) {
+  if (l.gpu) {
+    std::vector<gpu::GpuSeqState*> st;
+    for (Sequence* s : seqs) st.push_back(s->gpu_state.get());
+    return l.gpu->forward_batch(st, tokens, last_logits);
+  }
+  std::vector<SeqState*> st;
+  for (Sequence* s : seqs) st.push_back(s->cpu_state.get());
+  return l.model->forward_batch(st, tokens, last_logits);
 }
 
 void add_sampling_options(CLI::App* cmd, SamplingArgs* a) {
