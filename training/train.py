@@ -156,7 +156,7 @@ def main(argv=None):
     ap.add_argument("--k31", action="store_true", help="after K3: staged K3.1 (k31_stages.py) -> OUT/k31-delta")
     ap.add_argument("--k31-indexer-minutes", type=float, default=0.75, help="stage 1: indexer KL, trunk frozen")
     ap.add_argument("--k31-sparse-minutes", type=float, default=1.0, help="stage 2: sparse fine-tune of MLA/DSA attention")
-    ap.add_argument("--k31-indexer-lr", type=float, default=1e-3)
+    ap.add_argument("--k31-indexer-lr", type=float, default=3e-3)
     ap.add_argument("--k31-sparse-lr", type=float, default=3e-4)
     ap.add_argument("--tiny", action="store_true", help="toy widths for CPU smoke tests")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (CUDA)")

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""model_card.py: README.md (model card) of a shipped tiny model from its training summary and acceptance JSON.
+
+    python3 training/model_card.py --model models/k3-tiny   --summary SUMMARY.json --acceptance ACC.json
+    python3 training/model_card.py --model models/k3.1-tiny --summary SUMMARY.json --acceptance ACC.json --k31
+
+SUMMARY is the device run's summary.json (K3 and, under "k31", the K3.1 stages); ACC is what
+training/acceptance.py wrote for this model (PyTorch fp32 perplexity on models/heldout.txt, engine numbers).
+The card has the architecture (from config.json), data, training steps, final train / held-out loss, licence
+and the line `pytorch_heldout_ppl: <value>` (PyTorch's perplexity on models/heldout.txt, `k3 perplexity -c 1024`
+windowing), which tests read.
+"""
+import argparse
+import json
+import math
+import os
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--summary", required=True)
+    ap.add_argument("--acceptance", required=True)
+    ap.add_argument("--k31", action="store_true")
+    a = ap.parse_args(argv)
+    s, acc = json.load(open(a.summary)), json.load(open(a.acceptance))
+    t = json.load(open(os.path.join(a.model, "config.json")))["text_config"]
+    la, name = t["linear_attn_config"], os.path.basename(os.path.normpath(a.model))
+    p = s["params"]
+    lines = [
+        f"# {name}", "",
+        f"A small {'Kimi K3.1' if a.k31 else 'Kimi K3'}-architecture language model trained by the k3.cpp project "
+        "(training/, docs/training.md) as the engine's embedded default and end-to-end check. Toy quality: "
+        "it writes plausible English prose and the K3 chat format, not facts.", "",
+        "## Architecture", "",
+        f"- d_model {t['hidden_size']}, {t['num_hidden_layers']} layers, vocab {t['vocab_size']} "
+        f"(16,128 BPE ranks + 256 K3 specials), untied embedding and head",
+        f"- KDA layers {la['kda_layers']}: {la['num_heads']} heads x {la['head_dim']}, gate lower bound "
+        f"{la['gate_lower_bound']}, full-rank output gate",
+        f"- Gated MLA (NoPE) layers {la['full_attn_layers']}: {t['num_attention_heads']} heads, q_lora "
+        f"{t['q_lora_rank']}, kv_lora {t['kv_lora_rank']}, nope/rope/v {t['qk_nope_head_dim']}/"
+        f"{t['qk_rope_head_dim']}/{t['v_head_dim']}",
+        f"- layer 1 dense SiTU-GLU (d_ff {t['intermediate_size']}); layers 2-{t['num_hidden_layers']} Stable LatentMoE: "
+        f"{t['num_experts']} MXFP4 experts (d_ff {t['moe_intermediate_size']}), {t['num_experts_per_token']} "
+        f"used, {t['num_shared_experts']} shared, latent {t['routed_expert_hidden_size']}, sigmoid router",
+        f"- Block AttnRes, blocks of {t['attn_res_block_size']} layers",
+    ]
+    if a.k31:
+        d = t["dsa_config"]
+        lines.append(f"- Gated DSA indexers on layers {d['dsa_layers']}: {d['index_num_heads']} heads x "
+                     f"{d['index_head_dim']}, index_topk {d['index_topk']}")
+    lines += [f"- parameters (K3 trunk): {p['total']:,} total, {p['active']:,} active per token", "",
+              "## Data", "",
+              "Public-domain and permissively licensed prose from Debian packages (Austen, Moby Dick, World "
+              "English Bible, KJV, Python documentation) plus synthetic XTML conversations; 5.54 M training "
+              "tokens, held-out split by document (data/SOURCES.md, docs/training.md).", "",
+              "## Training", ""]
+    ev = s["held_out"]
+    lines += [f"- K3: {s['steps']} steps, {s['tokens_seen']:,} tokens ({s['epochs']} epochs), "
+              f"{s['train_seconds']} s on one H200; final train loss {s['final_train_loss']}, held-out loss "
+              f"{ev['nll']:.4f} (ppl {ev['ppl']:.3f}, {ev['windows']} windows of {ev['window_tokens']})"]
+    if a.k31:
+        k = s["k31"]
+        for st in k["stages"]:
+            lines.append(f"- K3.1 {st['stage']}: {st['steps']} steps, {st['tokens_seen']:,} tokens, "
+                         f"{st['trainable_params']:,} trainable parameters; final loss {st['final_loss']:.4f}, "
+                         f"indexer KL {st['final_kl']:.4f}")
+        lines.append(f"- K3.1 held-out loss {k['held_out']['nll']:.4f} (ppl {k['held_out']['ppl']:.3f})")
+    lines += ["", "## Held-out evaluation (CPU, fp32)", "",
+              f"pytorch_heldout_ppl: {acc['pytorch_ppl']:.6f}", "",
+              f"- models/heldout.txt, {acc['windows']} windows of {acc['ctx']} ({acc['scored']:,} scored tokens); "
+              f"engine: `{acc['engine_command']}` -> {acc['engine_ppl']:.6f} (relative difference "
+              f"{acc['ppl_rel_diff']:.1e}); top-1 agreement {acc['top1_agreement'] * 100:.2f}% over "
+              f"{acc['top1_positions']} positions",
+              f"- router load over the text: min {acc['router_load_min']:.2f}, max {acc['router_load_max']:.2f} "
+              f"x the mean"]
+    if a.k31:
+        lines.append(f"- dense-attention perplexity {acc['pytorch_ppl_dense']:.4f}: DSA "
+                     f"{acc['dsa_vs_dense'] * 100:+.2f}%")
+    lines += ["", "## Licence", "",
+              "Weights and tokenizer trained by the k3.cpp project (licence of the repository) from public-domain "
+              "texts and the PSF-licensed Python 3.11 documentation; sources and licences in data/SOURCES.md.", ""]
+    assert math.isfinite(acc["pytorch_ppl"])
+    with open(os.path.join(a.model, "README.md"), "w") as f:
+        f.write("\n".join(lines))
+    print(f"wrote {os.path.join(a.model, 'README.md')}")
+
+
+if __name__ == "__main__":
+    main()
