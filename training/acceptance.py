@@ -62,7 +62,7 @@ def pytorch_side(model, ids, starts, ctx, dsa):
             sel = (s + mod.gate.e_score_correction_bias).topk(mod.k, dim=-1).indices
             loads[i] = loads.get(i, 0) + torch.bincount(sel.reshape(-1), minlength=mod.E)
         hooks.append(m.register_forward_pre_hook(pre))
-    picks, cur = [], []
+    cur = []
     if dsa:
         orig = Indexer.select
 

@@ -60,7 +60,8 @@ def run_stage(model, name, trainable, minutes, lr, data, device, amp, ce_weight,
     for p in trainable:
         p.requires_grad_(True)
     opts = make_optimizers(model, lr)                 # frozen tensors get no gradient: the optimizers skip them
-    budget, t0, step, seen = minutes * 60.0, time.time(), 0, 0
+    budget, t0, step, seen, rows = minutes * 60.0, time.time(), 0, 0, None
+    ce = kl = None
     n_train = sum(p.numel() for p in trainable)
     print(f"== K3.1 {name}: {n_train:,} trainable parameters, {minutes} min, lr {lr}", flush=True)
     while True:
@@ -72,11 +73,22 @@ def run_stage(model, name, trainable, minutes, lr, data, device, amp, ce_weight,
             for g in o.param_groups:
                 g["lr"] = cur
         x, y = next(data)
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-            _, ce = model(x, y)
-            kl = model.aux_loss()
-            total = ce_weight * ce + (0.1 if ce_weight else 1.0) * kl
-        total.backward()
+        x, y = x[:rows], y[:rows]
+        try:
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+                _, ce = model(x, y)
+                kl = model.aux_loss()
+                total = ce_weight * ce + (0.1 if ce_weight else 1.0) * kl
+            total.backward()
+        except torch.cuda.OutOfMemoryError:           # the DSA scores [B, T, T] per layer: fewer rows
+            if x.shape[0] == 1:
+                raise
+            model.zero_grad(set_to_none=True)
+            ce = kl = total = None
+            torch.cuda.empty_cache()
+            rows = x.shape[0] // 2
+            print(f"out of memory: {name} continues with {rows} rows per step", flush=True)
+            continue
         gnorm = torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         for o in opts:
             o.step()
@@ -92,7 +104,8 @@ def run_stage(model, name, trainable, minutes, lr, data, device, amp, ce_weight,
     for p in model.parameters():
         p.requires_grad_(True)
     return {"stage": name, "steps": step, "tokens_seen": seen, "seconds": round(time.time() - t0, 1),
-            "trainable_params": n_train, "final_loss": float(ce), "final_kl": float(kl)}
+            "trainable_params": n_train,
+            "final_loss": None if ce is None else float(ce), "final_kl": None if kl is None else float(kl)}
 
 
 def train_k31(k3, args, data, device, amp, log):
