@@ -7,6 +7,7 @@
   (tests/python/ref, fp32 mode) to 1e-3: every module, name, dtype and layout agrees with MODEL.md
 - Quantile Balancing flattens a skewed expert load within a few updates
 - one optimizer step of every parameter kind runs, and the loss falls over a few steps on a fixed batch
+- staged K3.1 (k31_stages): only the MLA layers' self_attn changes; delta + assemble_k31.py = the trained K3.1
 """
 import os
 import sys
@@ -124,3 +125,36 @@ def test_training_steps_reduce_loss():
             layer.qb_update()
         losses.append(float(loss))
     assert all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.5, losses
+
+
+def test_k31_stages_delta_and_assembly(tmp_path):
+    """Staged K3.1 from a K3: the stages change only the MLA layers' self_attn (indexers included) and leave
+    the K3 untouched; the delta + assemble_k31.py rebuild a folder whose logits equal the trained K3.1's
+    (30 tokens > index_topk 8: the selection is active)."""
+    import argparse
+    import assemble_k31
+    import k31_stages
+    import train
+    k3 = _random_model(False, seed=3).train()
+    before = {n: p.clone() for n, p in k3.named_parameters()}
+    rng = np.random.default_rng(0)
+    data = train.batches(rng.integers(0, 1000, 5000).astype(np.uint16), 2, 24, rng, torch.device("cpu"))
+    args = argparse.Namespace(k31_indexer_minutes=10.0, k31_sparse_minutes=10.0, k31_indexer_lr=3e-3,
+                              k31_sparse_lr=3e-3, max_steps=2)
+    k31, stages = k31_stages.train_k31(k3, args, data, torch.device("cpu"), False, [])
+    assert [s["steps"] for s in stages] == [2, 2]
+    assert all(torch.equal(p, before[n]) for n, p in k3.named_parameters()), "K3 itself must not change"
+    changed = {n for n, p in k31.named_parameters() if n not in before or not torch.equal(p, before[n])}
+    assert changed and all(".self_attn." in n and k3.args.is_mla(int(n.split(".")[1])) for n in changed)
+    k3_dir, out = tmp_path / "k3", tmp_path / "k31"
+    export.export(k3, str(k3_dir))
+    for name in ("tiktoken.model", "tokenizer_config.json"):
+        (k3_dir / name).write_text("x")
+    info = k31_stages.export_delta(k3, k31, str(tmp_path / "delta"))
+    assert info["tensors"] == len(k31_stages.delta_names(export.canonical_tensors(k31), k31.args))
+    assemble_k31.main(["--k3", str(k3_dir), "--delta", str(tmp_path / "delta"), "--out", str(out)])
+    toks = torch.randint(0, 1000, (1, 30))
+    with torch.no_grad():
+        want = k31.eval()(toks)
+        got = load.load(str(out)).eval()(toks)
+    assert torch.equal(want, got)
