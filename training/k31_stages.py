@@ -115,10 +115,10 @@ def train_k31(k3, args, data, device, amp, log):
     attn = [p for mod in mla_modules(m) for p in mod.parameters()]       # self_attn of the MLA layers, indexer incl.
     set_dense(m, True)
     s1 = run_stage(m, "indexer_kl", indexers, args.k31_indexer_minutes, args.k31_indexer_lr, data, device, amp,
-                   0.0, log, args.max_steps)
+                   0.0, log, args.max_steps, log_every=10)
     set_dense(m, False)
     s2 = run_stage(m, "sparse_finetune", attn, args.k31_sparse_minutes, args.k31_sparse_lr, data, device, amp,
-                   1.0, log, args.max_steps)
+                   1.0, log, args.max_steps, log_every=10)
     with torch.no_grad():                             # what the checkpoint stores
         for p in m.parameters():
             p.copy_(p.bfloat16().float())

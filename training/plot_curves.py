@@ -39,19 +39,22 @@ def main(argv):
     ax.legend(loc="upper right")
     if stages:
         ax = axes[0][1]
+        kl_ax = ax.twinx()
         off = 0
-        for name in ("indexer_kl", "sparse_finetune"):
+        for name, color in (("indexer_kl", "tab:blue"), ("sparse_finetune", "tab:green")):
             rs = [r for r in stages if r["stage"] == name]
             if not rs:
                 continue
             x = [off + r["step"] for r in rs]
-            ax.plot(x, [r["loss"] for r in rs], label=f"{name}: CE")
-            ax.plot(x, [r["kl"] for r in rs], "--", label=f"{name}: indexer KL")
+            ax.plot(x, [r["loss"] for r in rs], "o-", color=color, ms=3, label=f"{name}: CE")
+            kl_ax.plot(x, [r["kl"] for r in rs], "s--", color=color, ms=3, alpha=0.6, label=f"{name}: indexer KL")
             off = x[-1]
         ax.set_xlabel("K3.1 step (stage 1, then stage 2)")
-        ax.set_ylabel("nats")
+        ax.set_ylabel("CE (nats/token), solid")
+        kl_ax.set_ylabel("indexer KL (nats), dashed")
         ax.set_title("K3.1 from the K3 trunk")
-        ax.legend()
+        ax.legend(loc="upper left")
+        kl_ax.legend(loc="upper right")
     fig.tight_layout()
     fig.savefig(out, dpi=90)
     print(f"wrote {out}")
