@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """assemble_k31.py: full K3.1 checkpoint folder = K3 folder + the K3.1 delta handed back by the device run.
 
-    python3 training/assemble_k31.py --k3 models/k3-tiny --delta FILES_AT/k31-delta --out models/k3.1-tiny
+    python3 training/assemble_k31.py --k3 models/k3-tiny --delta FILES_AT/k31-delta.safetensors --out models/k3.1-tiny
 
-The delta (k31_stages.export_delta) holds config.json (the K3.1 config: the K3 one plus text_config.dsa_config)
-and delta.safetensors (every tensor of the MLA/DSA layers' self_attn, the indexers included). Every tensor of
+The delta (k31_stages.export_delta) is one safetensors file: every tensor of the MLA/DSA layers' self_attn, the
+indexers included, and in its __metadata__ "config.json" the K3.1 config (the K3 one plus
+text_config.dsa_config). Every tensor of
 the K3 shards is copied byte for byte unless the delta has the same name; the delta's tensors replace or add.
 Shards are re-cut at --shard-mib (as export.py: names sorted, a new shard when the next tensor would pass the
 limit) with a fresh model.safetensors.index.json; the tokenizer files are copied from the K3 folder. Checks:
@@ -19,14 +20,15 @@ import struct
 import sys
 
 
-def read_raw(path):
-    """{name: (dtype, shape, bytes)} without decoding."""
+def read_raw(path, with_metadata=False):
+    """{name: (dtype, shape, bytes)} without decoding (and the __metadata__ map when asked)."""
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
         data = f.read()
-    return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]])
-            for k, v in header.items() if k != "__metadata__"}
+    out = {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]])
+           for k, v in header.items() if k != "__metadata__"}
+    return (out, header.get("__metadata__", {})) if with_metadata else out
 
 
 ELEM = {"F32": 4, "BF16": 2, "U8": 1}
@@ -59,7 +61,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     k3_cfg = json.load(open(os.path.join(args.k3, "config.json")))
-    cfg = json.load(open(os.path.join(args.delta, "config.json")))
+    delta, meta = read_raw(args.delta, with_metadata=True)
+    if "config.json" not in meta:
+        sys.exit(f"{args.delta}: no config.json in the safetensors metadata")
+    cfg = json.loads(meta["config.json"])
     text = dict(cfg["text_config"])
     dsa = text.pop("dsa_config", None)
     if dsa is None or {**cfg, "text_config": text} != k3_cfg:
@@ -70,7 +75,6 @@ def main(argv=None):
         tensors.update(read_raw(os.path.join(args.k3, shard)))
     if set(tensors) != set(index["weight_map"]):
         sys.exit("K3 shards and index disagree")
-    delta = read_raw(os.path.join(args.delta, "delta.safetensors"))
     mla = tuple(f"language_model.model.layers.{i - 1}.self_attn." for i in dsa["dsa_layers"])
     bad = [n for n in delta if not n.startswith(mla)]
     if bad:

@@ -60,9 +60,10 @@ def _bytes(t: torch.Tensor) -> bytes:
     return t.contiguous().numpy().tobytes()
 
 
-def write_safetensors(path: str, tensors: dict) -> int:
-    """Data laid out largest element size first, then by name (as the safetensors package does)."""
-    header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
+def write_safetensors(path: str, tensors: dict, metadata: dict = None) -> int:
+    """Data laid out largest element size first, then by name (as the safetensors package does); `metadata`
+    (str -> str) joins {"format": "pt"} in the header's __metadata__."""
+    header, blobs, off = {"__metadata__": {"format": "pt", **(metadata or {})}}, [], 0
     for name in sorted(tensors, key=lambda n: (-tensors[n].element_size(), n)):
         b = _bytes(tensors[name])
         header[name] = {"dtype": ST_DTYPE[tensors[name].dtype], "shape": list(tensors[name].shape),

@@ -8,8 +8,8 @@
            experts, router and its bias, AttnRes queries, norms, embedding, head);
            loss = CE + 0.1 KL (the indexer keeps following the dense distribution; its inputs are detached).
 Because only those tensors change, the K3.1 checkpoint = the K3 checkpoint with the self_attn tensors of the
-MLA layers replaced (and the indexer added): `export_delta` writes just them (2 MB) and
-training/assemble_k31.py rebuilds the full folder from the K3 one. `check_delta` proves the rest is unchanged.
+MLA layers replaced (and the indexer added): `export_delta` writes just them (2 MB, one file, the K3.1
+config.json in its __metadata__) and training/assemble_k31.py rebuilds the full folder from the K3 one. `check_delta` proves the rest is unchanged.
 Schedule per stage: warmup 20 steps, constant, linear decay to 10% over the last 40% of the stage's budget.
 No Quantile Balancing update (the router bias is frozen with the trunk).
 """
@@ -135,12 +135,11 @@ def check_delta(k3, k31):
     return names
 
 
-def export_delta(k3, k31, out_dir):
-    """out_dir/config.json (the K3.1 config) + out_dir/delta.safetensors (published names)."""
-    os.makedirs(out_dir, exist_ok=True)
+def export_delta(k3, k31, path):
+    """One safetensors file: the delta tensors (published names) + __metadata__["config.json"] = the K3.1
+    config (one file, so the device hand-back keeps a slot free for a log)."""
     names = check_delta(k3.cpu(), k31.cpu())
     t = canonical_tensors(k31)
-    nbytes = write_safetensors(os.path.join(out_dir, "delta.safetensors"), {published_name(n): t[n] for n in names})
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(to_hf_config(k31.args), f, indent=2)
-    return {"tensors": len(names), "bytes": nbytes}
+    nbytes = write_safetensors(path, {published_name(n): t[n] for n in names},
+                               {"config.json": json.dumps(to_hf_config(k31.args))})
+    return {"tensors": len(names), "bytes": nbytes, "file": os.path.basename(path)}

@@ -11,7 +11,8 @@
 # DSA=1 (K3.1 from scratch, superseded), BATCH (default 32), SEQ (1024), LR (3e-3), EXTRA (more train.py flags).
 # $OUT gets: model/config.json, model/model.safetensors.index.json, model/model-0000i-of-0000n.safetensors
 # (<= 15 MiB of data each: the device hands back at most 8 files of 16 MiB, 64 MiB in all), summary.json
-# and with K31=1 k31-delta/{config.json,delta.safetensors}: 8 files for a 3-shard K3; write nothing else there.
+# and with K31=1 k31-delta.safetensors (the K3.1 config in its metadata): 7 files for a 3-shard K3, so one
+# more (a log) still comes back; the hand-back limit is 8 files.
 # The tokenizer files are not copied back (they are already in .carry/tokenizer here); see docs/training.md.
 set -euo pipefail
 export PYTHONUNBUFFERED=1

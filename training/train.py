@@ -153,7 +153,7 @@ def main(argv=None):
                     help="keep the schedule even when the quick held-out check worsens twice in a row")
     ap.add_argument("--eval-text-windows", type=int, default=0, help="limit val_eval.txt windows (0 = all)")
     ap.add_argument("--dsa", action="store_true", help="K3.1 from scratch (indexer KL from step 0; superseded by --k31)")
-    ap.add_argument("--k31", action="store_true", help="after K3: staged K3.1 (k31_stages.py) -> OUT/k31-delta")
+    ap.add_argument("--k31", action="store_true", help="after K3: staged K3.1 (k31_stages.py) -> OUT/k31-delta.safetensors")
     ap.add_argument("--k31-indexer-minutes", type=float, default=0.75, help="stage 1: indexer KL, trunk frozen")
     ap.add_argument("--k31-sparse-minutes", type=float, default=1.0, help="stage 2: sparse fine-tune of MLA/DSA attention")
     ap.add_argument("--k31-indexer-lr", type=float, default=3e-3)
@@ -282,7 +282,7 @@ def main(argv=None):
 
 
 def k31_phase(k3, args, data, device, amp, val, log):
-    """Staged K3.1 from the trained K3 (k31_stages.py); held-out sparse and dense; delta to OUT/k31-delta."""
+    """Staged K3.1 from the trained K3 (k31_stages.py); held-out sparse and dense; delta to OUT/k31-delta.safetensors."""
     k31, stages = k31_stages.train_k31(k3, args, data, device, amp, log)
     res = {"stages": stages, "held_out": evaluate(k31, val, args.seq, args.eval_windows, args.batch, device, amp)}
     path = os.path.join(args.data, "val_eval.npy")
@@ -293,7 +293,7 @@ def k31_phase(k3, args, data, device, amp, val, log):
             res[f"held_out_text_{mode}"] = evaluate_text(k31, ids, args.seq, args.batch, device, amp,
                                                          args.eval_text_windows)
         k31_stages.set_dense(k31, False)
-    res["export"] = k31_stages.export_delta(k3, k31, os.path.join(args.out, "k31-delta"))
+    res["export"] = k31_stages.export_delta(k3, k31, os.path.join(args.out, "k31-delta.safetensors"))
     print(f"K3.1: {json.dumps({k: v for k, v in res.items() if k != 'stages'})}", flush=True)
     return res
 

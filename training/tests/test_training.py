@@ -150,9 +150,9 @@ def test_k31_stages_delta_and_assembly(tmp_path):
     export.export(k3, str(k3_dir))
     for name in ("tiktoken.model", "tokenizer_config.json"):
         (k3_dir / name).write_text("x")
-    info = k31_stages.export_delta(k3, k31, str(tmp_path / "delta"))
+    info = k31_stages.export_delta(k3, k31, str(tmp_path / "delta.safetensors"))
     assert info["tensors"] == len(k31_stages.delta_names(export.canonical_tensors(k31), k31.args))
-    assemble_k31.main(["--k3", str(k3_dir), "--delta", str(tmp_path / "delta"), "--out", str(out)])
+    assemble_k31.main(["--k3", str(k3_dir), "--delta", str(tmp_path / "delta.safetensors"), "--out", str(out)])
     toks = torch.randint(0, 1000, (1, 30))
     with torch.no_grad():
         want = k31.eval()(toks)
