@@ -1,0 +1,280 @@
+// plan.cpp: per-GPU memory and decode traffic of a layout (plan.h, docs/plan.md).
+#include "dist/plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <tuple>
+
+#include "io/manifest.h"
+
+namespace k3 {
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+bool ends_with(const std::string& s, const char* suf) {
+  const size_t n = std::strlen(suf);
+  return s.size() >= n && s.compare(s.size() - n, n, suf) == 0;
+}
+
+// Split over TP: head-indexed attention projections, d_ff-indexed MLPs, vocabulary-indexed tables.
+Shard shard_of(const ExpectedTensor& e) {
+  if (e.routed_expert) return Shard::ep;
+  const std::string& n = e.name;
+  if (n.find(".mlp.") != std::string::npos || n.find(".shared_experts.") != std::string::npos)
+    return Shard::tp;
+  if (n == "model.embed_tokens.weight" || n == "lm_head.weight") return Shard::tp;
+  if (n.find(".self_attn.") == std::string::npos) return Shard::replicated;
+  static const char* kTp[] = {".q_proj.weight",   ".k_proj.weight",      ".v_proj.weight",
+                              ".q_conv1d.weight", ".k_conv1d.weight",    ".v_conv1d.weight",
+                              ".f_b_proj.weight", ".g_b_proj.weight",    ".b_proj.weight",
+                              ".dt_bias",         ".g_proj.weight",      ".o_proj.weight",
+                              ".q_b_proj.weight", ".kv_b_proj.weight",   ".indexer.wq_b.weight",
+                              ".indexer.weights_proj.weight"};
+  for (const char* s : kTp)
+    if (ends_with(n, s)) return Shard::tp;
+  return Shard::replicated;  // a-projections, norms, A_log, indexer wk / k_norm
+}
+
+bool divides(int64_t d, int64_t n) { return d > 0 && n % d == 0; }
+
+}  // namespace
+
+const char* shard_name(Shard s) {
+  switch (s) {
+    case Shard::replicated: return "replicated";
+    case Shard::tp: return "tp";
+    case Shard::ep: return "ep";
+  }
+  return "?";
+}
+
+std::vector<PlanTensor> plan_tensors(const ModelConfig& c,
+                                     const std::function<const TensorView*(const std::string&)>& find) {
+  auto get = [&](const std::string& n) -> const TensorView* { return find ? find(n) : nullptr; };
+  auto has = [&](const std::string& n) { return get(n) != nullptr; };
+  std::vector<PlanTensor> out;
+  for (const ExpectedTensor& e : expected_tensors(c, has)) {
+    const TensorView* t = get(e.name);
+    const bool stored = t && std::find(e.dtypes.begin(), e.dtypes.end(), t->dtype) != e.dtypes.end();
+    const DType dt = stored ? t->dtype : e.dtypes.front();
+    int64_t numel = 1;
+    for (int64_t d : e.shapes.front()) numel *= std::max<int64_t>(d, 0);
+    if (t) {  // the shape the checkpoint stores when it is an allowed one (K3 A_log: [H] or [max(H, K)])
+      for (const auto& s : e.shapes)
+        if (s == t->shape) numel = t->numel();
+    }
+    out.push_back({e.name, e.layer, dt, numel * int64_t(dtype_size(dt)), shard_of(e)});
+  }
+  return out;
+}
+
+const char* cache_format_name(CacheFormat f) {
+  switch (f) {
+    case CacheFormat::fp32: return "fp32";
+    case CacheFormat::bf16: return "bf16";
+    case CacheFormat::fp8: return "fp8";
+  }
+  return "?";
+}
+
+bool cache_format_from_name(const std::string& s, CacheFormat* out) {
+  for (CacheFormat f : {CacheFormat::fp32, CacheFormat::bf16, CacheFormat::fp8})
+    if (s == cache_format_name(f)) return *out = f, true;
+  return false;
+}
+
+SeqCacheBytes seq_cache_bytes(const ModelConfig& c, CacheFormat f, bool state_bf16) {
+  const int64_t H = c.kda.n_head, K = c.kda.d_head, W = c.kda.conv_size;
+  const int64_t S = H * K * K * (state_bf16 ? 2 : 4);              // [H, K, V]
+  const int64_t conv = 3 * H * K * (W - 1) * (f == CacheFormat::fp32 ? 4 : 2);  // q, k, v windows
+  const int64_t kvr = c.mla.kv_lora_rank, dr = c.mla.d_rope, id = c.dsa.d_head;
+  int64_t lat = 0, idx = 0;
+  switch (f) {
+    case CacheFormat::fp32: lat = (kvr + dr) * 4, idx = id * 4; break;
+    case CacheFormat::bf16: lat = (kvr + dr) * 2, idx = id * 2; break;
+    // fp8_ds_mla: e4m3 latent, one fp32 scale per 128, bf16 rope part; index key e4m3 + one fp32 scale.
+    case CacheFormat::fp8: lat = kvr + 4 * ceil_div(kvr, 128) + 2 * dr, idx = id + 4; break;
+  }
+  const int n_dsa = c.n_layers_of(AttnKind::dsa);
+  return {c.n_layers_of(AttnKind::kda) * (S + conv), (c.n_layers_of(AttnKind::mla) + n_dsa) * lat,
+          n_dsa * idx};
+}
+
+std::string Layout::name() const {
+  std::string s;
+  auto part = [&](const char* n, int d) {
+    if (d > 1) s += (s.empty() ? "" : "x") + std::string(n) + std::to_string(d);
+  };
+  part("TP", tp), part("KCP", kcp), part("DP", dp), part("EP", ep);
+  return s.empty() ? "TP1" : s;
+}
+
+Result<Layout> parse_layout(const std::string& text) {
+  Layout l;
+  bool ep_given = false;
+  std::string s;
+  for (char ch : text) s += char(std::tolower(static_cast<unsigned char>(ch)));
+  size_t i = 0;
+  auto bad = [&](const std::string& why) {
+    return error(Code::invalid_argument, "layout \"" + text + "\": " + why +
+                                             " (expected e.g. tp8xep16, TP8,KCP2,EP16 or tp=8 ep=16)");
+  };
+  while (i < s.size()) {
+    if (s[i] == 'x' || s[i] == ',' || s[i] == ' ' || s[i] == '*') {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < s.size() && std::isalpha(static_cast<unsigned char>(s[j])) && s[j] != 'x') ++j;
+    const std::string key = s.substr(i, j - i);
+    if (j < s.size() && s[j] == '=') ++j;
+    size_t k = j;
+    while (k < s.size() && std::isdigit(static_cast<unsigned char>(s[k]))) ++k;
+    if (key.empty() || k == j || k - j > 6) return bad("cannot read a part at \"" + s.substr(i) + "\"");
+    const int v = std::stoi(s.substr(j, k - j));
+    if (v < 1) return bad(key + " must be >= 1");
+    if (key == "tp") l.tp = v;
+    else if (key == "kcp" || key == "cp") l.kcp = v;
+    else if (key == "dp") l.dp = v;
+    else if (key == "ep") l.ep = v, ep_given = true;
+    else return bad("unknown part \"" + key + "\"");
+    i = k;
+  }
+  if (!ep_given) l.ep = l.world();
+  return l;
+}
+
+Status check_layout(const ModelConfig& c, const Layout& l, const PlanOptions& o) {
+  auto bad = [&](const std::string& why) {
+    return error(Code::invalid_argument, "layout " + l.name() + ": " + why);
+  };
+  const int W = l.world(), max_world = o.gpus_per_node * o.nodes;
+  if (l.tp < 1 || l.kcp < 1 || l.dp < 1 || l.ep < 1) return bad("every degree must be >= 1");
+  if (W > max_world)
+    return bad("needs " + std::to_string(W) + " GPUs, more than " + std::to_string(o.nodes) + " node(s) x " +
+               std::to_string(o.gpus_per_node));
+  if (W > o.gpus_per_node && W % o.gpus_per_node != 0) return bad("a multi-node world must be whole nodes");
+  if (l.tp > o.gpus_per_node) return bad("tp must stay within one node");
+  if (!divides(l.ep, W)) return bad("ep must divide the world size " + std::to_string(W));
+  auto need = [&](int64_t n, const char* what) -> Status {
+    if (n > 0 && n % l.tp != 0) return bad("tp must divide " + std::string(what) + " (" + std::to_string(n) + ")");
+    return ok_status();
+  };
+  if (c.n_layers_of(AttnKind::kda) > 0) K3_RETURN_IF_ERROR(need(c.kda.n_head, "the KDA heads"));
+  if (c.n_layers_of(AttnKind::kda) < c.n_layer) K3_RETURN_IF_ERROR(need(c.mla.n_head, "the MLA heads"));
+  if (c.dsa.enabled) K3_RETURN_IF_ERROR(need(c.dsa.n_head, "the DSA index heads"));
+  if (std::count(c.layer_moe.begin(), c.layer_moe.end(), false) > 0) K3_RETURN_IF_ERROR(need(c.d_ff, "d_ff"));
+  K3_RETURN_IF_ERROR(need(int64_t(c.moe.n_shared_expert) * c.moe.d_ff_expert, "the shared-expert width"));
+  K3_RETURN_IF_ERROR(need(c.n_vocab, "n_vocab"));
+  if (c.moe.n_expert > 0 ? c.moe.n_expert % l.ep != 0 : l.ep != 1)
+    return bad("ep must divide n_expert (" + std::to_string(c.moe.n_expert) + ")");
+  return ok_status();
+}
+
+Plan evaluate_plan(const ModelConfig& c, const std::vector<PlanTensor>& w, const Layout& l,
+                   const PlanOptions& o) {
+  Plan p;
+  p.layout = l;
+  const int64_t W = l.world(), tp = l.tp, kcp = l.kcp, E = std::max(c.moe.n_expert, 1);
+  const int64_t B = std::max<int64_t>(o.batch, 1), T = std::max<int64_t>(o.context, 1);
+  const int64_t seqs = ceil_div(B, l.dp), rows = ceil_div(T, kcp);  // per replica / per kcp rank
+  int64_t trunk = 0, routed = 0;
+  for (const PlanTensor& t : w) {
+    if (t.shard == Shard::ep) routed += t.bytes;
+    else trunk += t.bytes;
+    if (t.shard == Shard::replicated) p.mem.weights_replicated += t.bytes;
+    if (t.shard == Shard::tp) p.mem.weights_tp += ceil_div(t.bytes, tp);
+  }
+  p.mem.weights_ep = routed / E * ceil_div(E, l.ep);
+
+  // Caches: the KDA state splits over heads (tp); latent / index rows over positions (kcp).
+  const SeqCacheBytes sc = seq_cache_bytes(c, o.cache, o.state_bf16);
+  const int n_kda = c.n_layers_of(AttnKind::kda), n_dsa = c.n_layers_of(AttnKind::dsa);
+  const int n_mla = c.n_layers_of(AttnKind::mla), n_moe = int(std::count(c.layer_moe.begin(), c.layer_moe.end(), true));
+  p.mem.kda_state = seqs * ceil_div(sc.kda_state, tp);
+  p.mem.mla_cache = seqs * rows * sc.mla_per_token;
+  p.mem.dsa_cache = seqs * rows * sc.dsa_per_token;
+
+  // Workspace: one prefill chunk's activations at the widest sub-layer, plus the logits (fused attention:
+  // no [T, T] scores).
+  const int64_t D = c.d_model, HK = int64_t(c.kda.n_head) * c.kda.d_head, nh = c.mla.n_head;
+  const int64_t F = c.moe.d_ff_expert, Fs = int64_t(c.moe.n_shared_expert) * F, k = c.moe.n_expert_used;
+  const int64_t Din = c.moe.d_latent > 0 ? c.moe.d_latent : D;
+  int64_t width = 0;
+  if (n_kda) width = std::max(width, 6 * HK / tp + c.kda.n_head / tp);
+  if (n_mla + n_dsa)
+    width = std::max(width, c.mla.q_lora_rank + nh / tp * (2 * c.mla.d_qk() + 2 * c.mla.d_v) + c.mla.d_latent() +
+                                (c.dsa.enabled ? c.dsa.n_head / tp * (c.dsa.d_head + 1) + c.dsa.d_head : 0));
+  if (n_moe < c.n_layer) width = std::max(width, 3 * int64_t(c.d_ff) / tp);
+  if (n_moe) width = std::max(width, E + k * (3 * F + Din) + 3 * Fs / tp + Din);
+  const int64_t blocks = c.uses_attn_res() ? ceil_div(c.n_layer, c.attn_res_block_size) + 1 : 0;
+  const int64_t n_tok = std::max(std::min(o.chunk, rows), seqs);
+  p.mem.workspace = o.reserve + n_tok * (D * (2 + blocks) + width) * o.act_bytes + seqs * c.n_vocab * 4;
+  p.fits = p.mem.total() <= o.gpu_mem;
+
+  // Decode: trunk weights once per step; distinct experts touched E (1 - (1 - k/E)^b) per MoE layer.
+  const double e_bytes = n_moe && c.moe.n_expert ? double(routed) / double(n_moe) / double(E) : 0.0;
+  auto touched = [&](double n_exp, double b) { return n_exp * (1.0 - std::pow(1.0 - double(k) / double(E), b)); };
+  const double lat = n_mla + n_dsa ? double(sc.mla_per_token) / (n_mla + n_dsa) : 0.0;
+  const double idx = n_dsa ? double(sc.dsa_per_token) / n_dsa : 0.0;
+  const double sparse = c.dsa.enabled ? double(std::min<int64_t>(T, c.dsa.topk)) : 0.0;
+  p.decode.weight_bytes_per_token = (double(trunk) + n_moe * e_bytes * touched(double(E), double(B))) / double(B);
+  p.decode.cache_bytes_per_token =
+      double(sc.kda_state) + double(T) * n_mla * lat + n_dsa * (double(T) * idx + sparse * lat);
+  const double gpu_weights = double(p.mem.weights_replicated + p.mem.weights_tp) +
+                             n_moe * e_bytes * touched(double(ceil_div(E, l.ep)), double(B) * l.ep / double(W));
+  const double gpu_cache = double(seqs) * (double(ceil_div(sc.kda_state, tp)) + double(rows) * n_mla * lat +
+                                           n_dsa * (double(rows) * idx + std::ceil(sparse / kcp) * lat));
+  p.decode.gpu_bytes_per_step = gpu_weights + gpu_cache;
+  p.decode.step_seconds = p.decode.gpu_bytes_per_step / o.hbm_bytes_per_s;
+
+  // Communication, bytes one GPU sends per layer (ring collectives: 2 (n-1)/n of the message).
+  const double wire = o.wire_bytes, ring_tp = 2.0 * double(tp - 1) / double(tp);
+  const double ep_remote = double(l.ep - 1) / double(l.ep);
+  p.comm.tp_decode = 2 * ring_tp * double(seqs) * D * wire;
+  p.comm.ep_decode = 2 * double(B) / double(W) * k * ep_remote * Din * wire;
+  p.comm.tp_prefill_per_token = 2 * ring_tp * D * wire;
+  p.comm.ep_prefill_per_token = 2 * k * ep_remote * Din * wire / double(tp);
+  if (kcp > 1) {
+    p.comm.kcp_decode = double(seqs) * double(nh / tp) * ((c.mla.kv_lora_rank + 2) * 4.0 + c.mla.d_latent() * wire);
+    p.comm.kcp_prefill_kda = double(kcp - 1) * 2.0 * double(c.kda.n_head / tp) * c.kda.d_head * c.kda.d_head * 4.0 +
+                             3.0 * (c.kda.conv_size - 1) * double(HK / tp) * wire;
+    p.comm.kcp_prefill_mla = double(kcp - 1) * double(rows) * (lat + idx);
+  }
+  return p;
+}
+
+std::vector<Plan> all_plans(const ModelConfig& c, const std::vector<PlanTensor>& w, const PlanOptions& o) {
+  std::vector<int> worlds;
+  for (int n = 1; n <= o.gpus_per_node; ++n)
+    if (o.gpus_per_node % n == 0) worlds.push_back(n);
+  for (int m = 2; m <= o.nodes; ++m) worlds.push_back(m * o.gpus_per_node);
+  std::vector<Plan> out;
+  for (int W : worlds)
+    for (int tp = 1; tp <= W; ++tp)
+      for (int kcp = 1; tp * kcp <= W; ++kcp) {
+        if (W % (tp * kcp)) continue;
+        for (int ep = 1; ep <= W; ++ep) {
+          const Layout l{tp, kcp, W / (tp * kcp), ep};
+          if (check_layout(c, l, o).ok()) out.push_back(evaluate_plan(c, w, l, o));
+        }
+      }
+  return out;
+}
+
+std::optional<Plan> smallest_fit(const std::vector<Plan>& plans) {
+  auto key = [](const Plan& p) {
+    const double comm = p.comm.tp_decode + p.comm.ep_decode + p.comm.kcp_decode;
+    return std::make_tuple(p.layout.world(), p.decode.gpu_bytes_per_step, comm, p.mem.total());
+  };
+  std::optional<Plan> best;
+  for (const Plan& p : plans)
+    if (p.fits && (!best || key(p) < key(*best))) best = p;
+  return best;
+}
+
+}  // namespace k3
