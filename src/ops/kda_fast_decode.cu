@@ -8,6 +8,7 @@
 //   S <- diag(alpha) S;  u = beta (v - S^T k);  S <- S + k u^T;  o = bf16(S^T q)
 //   out = o rsqrt(mean(o^2) + eps) w_onorm sigmoid(gate)
 // Sums over the 128 rows go through shared memory, one partial per warp.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -17,6 +18,9 @@
 namespace k3 {
 namespace {
 
+#ifndef KDA_DECODE_SPLIT
+#define KDA_DECODE_SPLIT 1
+#endif
 constexpr int DK = 128, DV = 128, NT = 256, NW = NT / 32, ROWS = DK / NW;
 
 __device__ inline float bf16f(uint16_t x) {
@@ -123,13 +127,130 @@ __global__ void __launch_bounds__(NT) kda_decode_kernel(const KdaDecodeParams p)
   }
 }
 
+// Split version: a cluster of two CTAs per (head, sequence), CTA rank r owning the state columns
+// 64r .. 64r+63 (the recurrence is independent per column of V). Both compute the q, k conv; each its half
+// of v. The gated norm's mean over 128 columns adds the peer's half through distributed shared memory.
+// The window is rolled after a cluster barrier, once both CTAs have read it.
+namespace cg = cooperative_groups;
+constexpr int HV = DV / 2, RR = DK / (2 * NW);  // columns per CTA; rows per thread (8)
+
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(NT, 4) kda_decode_split_kernel(const KdaDecodeParams p) {
+  __shared__ __align__(16) float x[3][DK];
+  __shared__ float alpha[DK];
+  __shared__ __align__(16) float red[2][2 * NW][HV];  // per (warp, half-warp) partial sums over 8 rows
+  __shared__ float scal[4];
+  __shared__ float ss_half;  // this CTA's sum of o^2 (read by the peer)
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = int(cluster.block_rank()), h = blockIdx.x >> 1, b = blockIdx.y;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, c4 = lane & 15, rg = 2 * warp + (lane >> 4);
+  const int H = p.n_head, HK = H * DK, slot = p.slot[b], c0 = HV * rank;
+  float4* Sg = reinterpret_cast<float4*>(p.S + (size_t(slot) * H + h) * DK * DV);
+  float4 s[RR];  // rows 16 warp + 2 i + lane / 16, columns c0 + 4 (lane % 16) .. + 3
+#pragma unroll
+  for (int i = 0; i < RR; ++i) s[i] = Sg[(16 * warp + 2 * i + (lane >> 4)) * (DV / 4) + c0 / 4 + c4];
+
+  uint16_t roll[2][3];  // the rolled window of this thread's channels, written at the end
+  for (int r = 0; r < 2; ++r) {
+    const int e = tid + NT * r;
+    if (e >= 2 * DK + HV) break;
+    const int m = e < DK ? 0 : (e < 2 * DK ? 1 : 2), c = m < 2 ? (e & (DK - 1)) : c0 + e - 2 * DK;
+    const int ch = h * DK + c;
+    const float4 w = reinterpret_cast<const float4*>(p.conv_w)[size_t(m) * HK + ch];
+    const uint16_t* win = p.conv + (size_t(slot) * 9 + m * 3) * HK + ch;
+    const uint16_t cur = p.qkv[(size_t(b) * 3 + m) * HK + ch];
+    const uint16_t w0 = win[0], w1 = win[HK], w2 = win[2 * HK];
+    float y = w.x * bf16f(w0) + w.y * bf16f(w1) + w.z * bf16f(w2) + w.w * bf16f(cur);
+    y = y / (1.f + __expf(-y));
+    x[m][c] = round_bf16(y);
+    roll[r][0] = w1, roll[r][1] = w2, roll[r][2] = cur;
+  }
+  if (tid < DK) {
+    const float A = __expf(p.A_log[h]);
+    const float z = bf16f(p.f[size_t(b) * HK + h * DK + tid]) + p.dt_bias[h * DK + tid];
+    alpha[tid] = __expf(p.g_lower / (1.f + __expf(-A * z)));
+  }
+  __syncthreads();
+  if (warp < 2) {
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) ss += x[warp][lane + 32 * j] * x[warp][lane + 32 * j];
+    ss = warp_sum(ss);
+    if (lane == 0) scal[warp] = rsqrtf(ss + 1e-6f) * (warp == 0 ? rsqrtf(float(DK)) : 1.f);
+  } else if (warp == 2 && lane == 0) {
+    scal[2] = 1.f / (1.f + __expf(-bf16f(p.b[size_t(b) * H + h])));
+  }
+  __syncthreads();
+  const float sq = scal[0], sk = scal[1], beta = scal[2];
+  float4 part = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int i = 0; i < RR; ++i) {
+    const int a = 16 * warp + 2 * i + (lane >> 4);
+    const float al = alpha[a], ka = x[1][a] * sk;
+    s[i].x *= al, s[i].y *= al, s[i].z *= al, s[i].w *= al;
+    part.x += s[i].x * ka, part.y += s[i].y * ka, part.z += s[i].z * ka, part.w += s[i].w * ka;
+  }
+  reinterpret_cast<float4*>(red[0][rg])[c4] = part;
+  __syncthreads();
+  float4 u = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int w = 0; w < 2 * NW; ++w) {
+    const float4 r = reinterpret_cast<const float4*>(red[0][w])[c4];
+    u.x += r.x, u.y += r.y, u.z += r.z, u.w += r.w;
+  }
+  const float4 v = reinterpret_cast<const float4*>(x[2] + c0)[c4];
+  u = make_float4(beta * (v.x - u.x), beta * (v.y - u.y), beta * (v.z - u.z), beta * (v.w - u.w));
+  part = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int i = 0; i < RR; ++i) {
+    const int a = 16 * warp + 2 * i + (lane >> 4);
+    const float ka = x[1][a] * sk, qa = x[0][a] * sq;
+    s[i].x += ka * u.x, s[i].y += ka * u.y, s[i].z += ka * u.z, s[i].w += ka * u.w;
+    part.x += s[i].x * qa, part.y += s[i].y * qa, part.z += s[i].z * qa, part.w += s[i].w * qa;
+    Sg[a * (DV / 4) + c0 / 4 + c4] = s[i];
+  }
+  reinterpret_cast<float4*>(red[1][rg])[c4] = part;
+  __syncthreads();
+  float o = 0.f;
+  if (tid < HV) {
+#pragma unroll
+    for (int w = 0; w < 2 * NW; ++w) o += red[1][w][tid];
+    o = round_bf16(o);
+    const float ss = warp_sum(o * o);
+    if (lane == 0) red[0][0][warp] = ss;
+  }
+  __syncthreads();
+  if (tid == 0) ss_half = red[0][0][0] + red[0][0][1];
+  cluster.sync();  // both halves' sums visible; both CTAs are done reading the conv window
+  const float ss_peer = *cluster.map_shared_rank(&ss_half, rank ^ 1);
+  for (int r = 0; r < 2; ++r) {  // roll the window: q, k by rank 0, each rank its half of v
+    const int e = tid + NT * r;
+    if (e >= 2 * DK + HV || (e < 2 * DK && rank != 0)) continue;
+    const int m = e < DK ? 0 : (e < 2 * DK ? 1 : 2), c = m < 2 ? (e & (DK - 1)) : c0 + e - 2 * DK;
+    uint16_t* win = p.conv + (size_t(slot) * 9 + m * 3) * HK + h * DK + c;
+    win[0] = roll[r][0], win[HK] = roll[r][1], win[2 * HK] = roll[r][2];
+  }
+  if (tid < HV) {
+    const float ms = (ss_half + ss_peer) / float(DV);
+    const int c = c0 + tid;
+    const float gt = bf16f(p.gate[size_t(b) * H * DV + h * DV + c]);
+    const float y = o * rsqrtf(ms + p.eps) * p.o_norm[c] / (1.f + __expf(-gt));
+    p.out[size_t(b) * H * DV + h * DV + c] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
+  }
+  cluster.sync();  // the peer has read ss_half before this CTA's shared memory goes away
+}
+
 }  // namespace
 
 Status kda_decode_fast_cuda(const KdaDecodeParams& p, GpuContext& g) {
   Status st = kda_decode_fast_check(p);
   if (!st.ok()) return st;
+#if KDA_DECODE_SPLIT
+  const dim3 grid(2 * unsigned(p.n_head), unsigned(p.n_seq));
+  kda_decode_split_kernel<<<grid, NT, 0, g.stream>>>(p);
+#else
   const dim3 grid(unsigned(p.n_head), unsigned(p.n_seq));
   kda_decode_kernel<<<grid, NT, 0, g.stream>>>(p);
+#endif
   K3_CUDA_CHECK(cudaGetLastError());
   return ok_status();
 }

@@ -66,7 +66,12 @@ __device__ inline void mma_load_b_nk(uint32_t (&b)[2], const float* X, int ld, i
   b[1] = to_tf32(x[4]);
 }
 
-constexpr int C = 64, DK = 128, VB = 64, NT = 256;
+#ifndef KDA_FAST_NT
+#define KDA_FAST_NT 256
+#endif
+constexpr int C = 64, DK = 128, VB = 64, NT = KDA_FAST_NT, NW = NT / 32;
+static_assert(NW == 8 || NW == 16, "8 or 16 warps");
+constexpr int NQ = C * DK / 8 / NT, NV = C * VB / 8 / NT;  // 16-byte loads per thread: q, k, g; v
 constexpr int LDR = 132;  // rows read as MMA A operand (row-major) or B given as [n][k]
 constexpr int LDK = 136;  // Kd, read as A^T ([k][m])
 constexpr int LDV = 72;   // [k][n] B operands with 64 columns: S, Y, V'
@@ -86,9 +91,23 @@ constexpr int SMEM_FLOATS = OFF_P + 3 * 256;
 static_assert(C * LDC + 2 * 16 * LDR <= C * LDK, "L, Qr, Kr fit the Kd region");
 static_assert(C * DK <= 2 * C * LDV, "raw q, k (bf16) fit the Y, V' region");
 
+// Profile builds (-DKDA_FAST_PROFILE): thread 0 of CTA (0, 0, 0) adds the clock64() cycles of each phase
+// (up to its closing barrier) to kda_prof[]; bench_kda reads them through kda_fast_profile_read().
+#ifdef KDA_FAST_PROFILE
+__device__ unsigned long long kda_prof[8];
+#define PROF(i)                                                                           \
+  if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {                \
+    const long long now_ = clock64();                                                      \
+    kda_prof[i] += now_ - prof_last;                                                       \
+    prof_last = now_;                                                                      \
+  }
+#else
+#define PROF(i)
+#endif
+
 // Inputs of one chunk held in registers (prefetch): 4 x 16 B of q, k, g, 2 x 16 B of v, one beta.
 struct ChunkRegs {
-  uint4 q[4], k[4], g[4], v[2];
+  uint4 q[NQ], k[NQ], g[NQ], v[NV];
   float beta;
 };
 
@@ -96,7 +115,7 @@ __device__ inline void load_chunk(ChunkRegs& r, const KdaPrefillParams& p, int64
   const int tid = threadIdx.x, H = p.n_head;
   const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
-  for (int m = 0; m < 4; ++m) {
+  for (int m = 0; m < NQ; ++m) {
     const int idx = tid + NT * m, row = idx >> 4, c8 = idx & 15;
     const size_t off = (size_t(t0 + row) * H + h) * DK + c8 * 8;
     const bool in = row < n;
@@ -105,7 +124,7 @@ __device__ inline void load_chunk(ChunkRegs& r, const KdaPrefillParams& p, int64
     r.g[m] = in ? __ldg(reinterpret_cast<const uint4*>(p.g + off)) : zero;
   }
 #pragma unroll
-  for (int m = 0; m < 2; ++m) {
+  for (int m = 0; m < NV; ++m) {
     const int idx = tid + NT * m, row = idx >> 3, c8 = idx & 7;
     const size_t off = (size_t(t0 + row) * H + h) * 128 + vh * VB + c8 * 8;
     r.v[m] = row < n ? __ldg(reinterpret_cast<const uint4*>(p.v + off)) : zero;
@@ -207,9 +226,10 @@ __device__ void invert(float* sm) {
     }
   }
   __syncthreads();
-  const int r = tid >> 4, c = tid & 15;
+  const int r = (tid >> 4) & 15, c = tid & 15;
+  const bool on = tid < 256;  // one thread per element of a 16x16 block
   for (int d = 1; d < 4; ++d) {
-    for (int b = 0; b + d < 4; ++b) {
+    for (int b = 0; on && b + d < 4; ++b) {
       const int a = b + d;
       float s = 0.f;
       for (int cc = b; cc < a; ++cc)
@@ -218,7 +238,7 @@ __device__ void invert(float* sm) {
       P[b * 256 + r * 16 + c] = s;
     }
     __syncthreads();
-    for (int b = 0; b + d < 4; ++b) {
+    for (int b = 0; on && b + d < 4; ++b) {
       const int a = b + d;
       float s = 0.f;
 #pragma unroll
@@ -257,12 +277,15 @@ __global__ void __launch_bounds__(NT, 1) kda_prefill_kernel(const KdaPrefillPara
   uint16_t* Kb = Qb + C * DK;
 
   ChunkRegs in;
+#ifdef KDA_FAST_PROFILE
+  long long prof_last = clock64();
+#endif
   if (tok0 < tok1) load_chunk(in, p, tok0, int(min(int64_t(C), tok1 - tok0)), h, vh);
   for (int64_t t0 = tok0; t0 < tok1; t0 += C) {
     const int n = int(min(int64_t(C), tok1 - t0));
     // Phase 0: the chunk's inputs into shared memory (raw q, k as bf16, g widened), G = cumsum g.
 #pragma unroll
-    for (int m = 0; m < 4; ++m) {
+    for (int m = 0; m < NQ; ++m) {
       const int idx = tid + NT * m, row = idx >> 4, c8 = idx & 15;
       *reinterpret_cast<uint4*>(Qb + row * DK + c8 * 8) = in.q[m];
       *reinterpret_cast<uint4*>(Kb + row * DK + c8 * 8) = in.k[m];
@@ -273,6 +296,7 @@ __global__ void __launch_bounds__(NT, 1) kda_prefill_kernel(const KdaPrefillPara
     }
     if (tid < C) beta[tid] = in.beta;
     __syncthreads();
+    PROF(0)
     if (tid < DK) {
       float x[C];
 #pragma unroll
@@ -287,9 +311,12 @@ __global__ void __launch_bounds__(NT, 1) kda_prefill_kernel(const KdaPrefillPara
       decay[tid] = __expf(acc);
     }
     __syncthreads();
+    PROF(1)
     // Phase 1, 2: A, L; T.
     for (int a = 0; a < 4; ++a) intra_chunk(sm, a);
+    PROF(2)
     invert(sm);
+    PROF(3)
     // Phase 3: Qe = exp(G) q (in place of G), Bk = beta exp(G) k, Kd = exp(G_C - G) k.
     for (int e = tid; e < C * DK; e += NT) {
       const int i = e >> 7, d = e & 127;
@@ -300,7 +327,7 @@ __global__ void __launch_bounds__(NT, 1) kda_prefill_kernel(const KdaPrefillPara
     }
     __syncthreads();
 #pragma unroll
-    for (int m = 0; m < 2; ++m) {  // Y region := beta V (raw q, k are dead)
+    for (int m = 0; m < NV; ++m) {  // Y region := beta V (raw q, k are dead)
       const int idx = tid + NT * m, row = idx >> 3, c8 = idx & 7;
       float vf[8];
       bf16x8_to_f32(in.v[m], vf);
@@ -309,13 +336,15 @@ __global__ void __launch_bounds__(NT, 1) kda_prefill_kernel(const KdaPrefillPara
       for (int x = 0; x < 8; ++x) Y[row * LDV + c8 * 8 + x] = b * vf[x];
     }
     __syncthreads();
+    PROF(4)
     // Prefetch the next chunk while the MMAs below run.
     if (t0 + C < tok1) load_chunk(in, p, t0 + C, int(min(int64_t(C), tok1 - t0 - C)), h, vh);
-    // Phase 4a: Y = beta V - Bk S; O = Qe S. Warp tile: rows 16 mi, columns 32 ng .. + 31.
-    const int mi = warp & 3, n0 = 32 * (warp >> 2);
-    float accO[4][4], accY[4][4];
+    // Phase 4a: Y = beta V - Bk S; O = Qe S. Warp tile: rows 16 mi .. + 15, columns n0 .. + 8 ON - 1.
+    constexpr int ON = 32 / NW;  // n-tiles of 8 per warp in the [64, 64] outputs
+    const int mi = warp & 3, n0 = 8 * ON * (warp >> 2);
+    float accO[ON][4], accY[ON][4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < ON; ++j)
 #pragma unroll
       for (int c = 0; c < 4; ++c) accO[j][c] = accY[j][c] = 0.f;
 #pragma unroll 2
@@ -324,7 +353,7 @@ __global__ void __launch_bounds__(NT, 1) kda_prefill_kernel(const KdaPrefillPara
       mma_load_a(ab, Bk + 16 * mi * LDR, LDR, 0, k0);
       mma_load_a(aq, G + 16 * mi * LDR, LDR, 0, k0);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < ON; ++j) {
         uint32_t bf[2];
         mma_load_b_kn(bf, S, LDV, k0, n0 + 8 * j);
         mma_tf32(accY[j], ab, bf);
@@ -332,48 +361,50 @@ __global__ void __launch_bounds__(NT, 1) kda_prefill_kernel(const KdaPrefillPara
       }
     }
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < ON; ++j)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int i = 16 * mi + g + 8 * (c >> 1), col = n0 + 8 * j + 2 * t + (c & 1);
         Y[i * LDV + col] -= accY[j][c];
       }
     __syncthreads();
+    PROF(5)
     // Phase 4b: V' = T Y.
     {
-      float acc[4][4] = {};
+      float acc[ON][4] = {};
 #pragma unroll
       for (int k0 = 0; k0 < C; k0 += 8) {
         uint32_t af[4];
         mma_load_a(af, T + 16 * mi * LDC, LDC, 0, k0);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < ON; ++j) {
           uint32_t bf[2];
           mma_load_b_kn(bf, Y, LDV, k0, n0 + 8 * j);
           mma_tf32(acc[j], af, bf);
         }
       }
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < ON; ++j)
 #pragma unroll
         for (int c = 0; c < 4; ++c)
           Vp[(16 * mi + g + 8 * (c >> 1)) * LDV + n0 + 8 * j + 2 * t + (c & 1)] = acc[j][c];
     }
     __syncthreads();
+    PROF(6)
     // Phase 4c: O += A V' (written as bf16); S <- exp(G_C) S + Kd^T V' (warp: rows 16 warp .. + 15 of S).
 #pragma unroll
     for (int k0 = 0; k0 < C; k0 += 8) {
       uint32_t af[4];
       mma_load_a(af, A + 16 * mi * LDC, LDC, 0, k0);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < ON; ++j) {
         uint32_t bf[2];
         mma_load_b_kn(bf, Vp, LDV, k0, n0 + 8 * j);
         mma_tf32(accO[j], af, bf);
       }
     }
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < ON; ++j)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int i = 16 * mi + g + 8 * hh;
@@ -384,32 +415,34 @@ __global__ void __launch_bounds__(NT, 1) kda_prefill_kernel(const KdaPrefillPara
         }
       }
     {
-      float acc[8][4];
-      const int d0 = 16 * warp;
+      constexpr int SN = 64 / NW;  // n-tiles of 8 per warp in S [128, 64]
+      float acc[SN][4];
+      const int d0 = 16 * (warp & 7), s0 = 8 * SN * (warp >> 3);
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < SN; ++j)
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int d = d0 + g + 8 * (c >> 1);
-          acc[j][c] = decay[d] * S[d * LDV + 8 * j + 2 * t + (c & 1)];
+          acc[j][c] = decay[d] * S[d * LDV + s0 + 8 * j + 2 * t + (c & 1)];
         }
 #pragma unroll
       for (int k0 = 0; k0 < C; k0 += 8) {
         uint32_t af[4];
         mma_load_a_t(af, Kd, LDK, d0, k0);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < SN; ++j) {
           uint32_t bf[2];
-          mma_load_b_kn(bf, Vp, LDV, k0, 8 * j);
+          mma_load_b_kn(bf, Vp, LDV, k0, s0 + 8 * j);
           mma_tf32(acc[j], af, bf);
         }
       }
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < SN; ++j)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) S[(d0 + g + 8 * (c >> 1)) * LDV + 8 * j + 2 * t + (c & 1)] = acc[j][c];
+        for (int c = 0; c < 4; ++c) S[(d0 + g + 8 * (c >> 1)) * LDV + s0 + 8 * j + 2 * t + (c & 1)] = acc[j][c];
     }
     __syncthreads();
+    PROF(7)
   }
   for (int e = tid; e < DK * VB; e += NT) {
     const int d = e >> 6, c = e & 63;
@@ -427,6 +460,16 @@ Status launch(const KdaPrefillParams& p, GpuContext& g) {
 }
 
 }  // namespace
+
+#ifdef KDA_FAST_PROFILE
+void kda_fast_profile_read(unsigned long long* out8, bool reset) {
+  cudaMemcpyFromSymbol(out8, kda_prof, 8 * sizeof(unsigned long long));
+  if (reset) {
+    const unsigned long long zero[8] = {};
+    cudaMemcpyToSymbol(kda_prof, zero, sizeof zero);
+  }
+}
+#endif
 
 Status kda_prefill_fast_cuda(const KdaPrefillParams& p, GpuContext& g) {
   Status st = kda_prefill_fast_check(p);
