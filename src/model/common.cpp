@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "core/thread_pool.h"
+#include "model/parallel.h"
 
 namespace k3 {
 
@@ -76,6 +77,12 @@ void linear_into(const Ctx& c, const LinearWeight& W, const float* x, int64_t n_
   p.x_precision = x_exact ? Precision::fp32 : c.prec;
   linear_cpu(W, p, c.pool);
   if (round) c.rnd(y, n_tok * W.out);
+}
+
+void linear_rowpar(const Ctx& c, const LinearWeight& W, const float* x, int64_t n_tok, float* y) {
+  linear_into(c, W, x, n_tok, y, /*round=*/false);
+  if (c.par) c.par->reduce_partial(c, y, n_tok * W.out);
+  c.rnd(y, n_tok * W.out);
 }
 
 void linear(const Ctx& c, const LinearWeight& W, const float* x, int64_t n_tok, std::vector<float>& y) {

@@ -23,6 +23,7 @@
 namespace k3 {
 
 class ThreadPool;
+class ParallelHooks;
 
 using TraceFn = std::function<void(const char* name, int layer, const float* data, int64_t n)>;
 
@@ -31,6 +32,7 @@ struct Ctx {
   ThreadPool* pool = nullptr;
   const TraceFn* trace = nullptr;  // optional: named intermediates per layer
   Status* guard = nullptr;         // debug builds: first non-finite activation found (layer + name)
+  ParallelHooks* par = nullptr;    // parallel layout (model/parallel.h); nullptr: one rank
 
   bool bf16() const { return prec == Precision::bf16; }
   void rnd(float* x, int64_t n) const {
@@ -61,5 +63,8 @@ void linear(const Ctx& c, const LinearWeight& W, const float* x, int64_t n_tok, 
 // x must hold bf16-rounded values (the bf16 dot path is used) unless `x_exact` is set.
 void linear_into(const Ctx& c, const LinearWeight& W, const float* x, int64_t n_tok, float* y,
                  bool round = true, bool x_exact = false);
+// linear_into for a weight that may be a row-parallel shard: the fp32 output is reduced over ranks by
+// Ctx::par before the rounding point. Equals linear_into on one rank.
+void linear_rowpar(const Ctx& c, const LinearWeight& W, const float* x, int64_t n_tok, float* y);
 
 }  // namespace k3

@@ -33,7 +33,10 @@ void ffn_forward(const Ctx& c, const ModelConfig& cfg, const FfnWeights& w, cons
   linear(c, w.gate_proj, x, n_tok, g);
   linear(c, w.up_proj, x, n_tok, u);
   glu_act(c, cfg, g.data(), u.data(), int64_t(g.size()));
-  linear_into(c, w.down_proj, g.data(), n_tok, out);
+  if (w.out_partial)
+    linear_rowpar(c, w.down_proj, g.data(), n_tok, out);
+  else
+    linear_into(c, w.down_proj, g.data(), n_tok, out);
 }
 
 }  // namespace k3

@@ -20,6 +20,7 @@ namespace k3 {
 struct FfnWeights {
   LinearWeight gate_proj, up_proj;  // [d_ff, d_in]  (routed experts: w1, w3)
   LinearWeight down_proj;           // [d_in, d_ff]  (routed experts: w2)
+  bool out_partial = false;         // d_ff sharded over ranks (tensor parallel): out is reduced (parallel.h)
 };
 
 // names: {"gate_proj", "up_proj", "down_proj"} or {"w1", "w3", "w2"}.

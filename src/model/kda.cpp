@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "model/parallel.h"
 #include "ops/kda.h"
 
 namespace k3 {
@@ -75,6 +76,7 @@ void kda_forward(const Ctx& c, const ModelConfig& cfg, const KdaWeights& w, cons
   linear(c, w.k_proj, x, n_tok, k);
   linear(c, w.v_proj, x, n_tok, v);
   const int64_t win = int64_t(W - 1) * HK;
+  if (c.par) c.par->kda_conv_halo(c, layer, seqs, q.data(), k.data(), v.data(), HK, W);
   for (const KdaSeq& s : seqs) {
     float* conv = s.st->conv.data();
     short_conv(c, w.q_conv.data(), W, conv, q.data() + s.row0 * HK, s.n_tok, HK);
@@ -109,6 +111,12 @@ void kda_forward(const Ctx& c, const ModelConfig& cfg, const KdaWeights& w, cons
   c.cb("kda_g", layer, g.data(), int64_t(g.size()));
 
   std::vector<float> o(size_t(n_tok * HK));
+  if (c.par) {
+    KdaParams all;
+    all.n_tok = n_tok, all.n_head = int(H), all.d_k = all.d_v = int(K), all.chunk = ex.chunk;
+    all.q = q.data(), all.k = k.data(), all.v = v.data(), all.g = g.data(), all.beta = bt.data();
+    c.par->kda_initial_state(c, layer, seqs, all);
+  }
   for (const KdaSeq& s : seqs) {
     KdaParams p;
     p.n_tok = s.n_tok;
@@ -145,7 +153,7 @@ void kda_forward(const Ctx& c, const ModelConfig& cfg, const KdaWeights& w, cons
   }
   c.rnd(o.data(), int64_t(o.size()));
   c.cb("kda_gated", layer, o.data(), int64_t(o.size()));
-  linear_into(c, w.o_proj, o.data(), n_tok, out);
+  linear_rowpar(c, w.o_proj, o.data(), n_tok, out);  // a partial sum when the heads are sharded
 }
 
 }  // namespace k3

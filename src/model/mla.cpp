@@ -1,9 +1,12 @@
 // mla.cpp: gated MLA / DSA attention (mla.h, MODEL.md §5-6).
 #include "model/mla.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "model/binder.h"
+#include "model/parallel.h"
 #include "ops/attention.h"
 
 namespace k3 {
@@ -39,25 +42,43 @@ Status bind_mla(Binder& b, const ModelConfig& cfg, bool dsa, MlaWeights* w) {
 
 namespace {
 
-// Unabsorbed attention of one sequence: every cached row is expanded, [k_nope_h | v_h] = kv_b_proj c_s and
-// k_h = [k_nope_h | r_s]; q: [n_tok, nh, d_qk] -> z: [n_tok, nh, d_v].
-void attend_unabsorbed(const Ctx& c, const MlaConfig& m, const MlaWeights& w, const MlaState& st,
-                       AttentionParams p, const float* q, float* z) {
-  const int64_t nh = m.n_head, dqk = m.d_qk(), R = m.kv_lora_rank, dl = m.d_latent(), n_ctx = p.n_kv;
-  const int64_t wkv = m.d_nope + m.d_v;
-  std::vector<float> lat(size_t(n_ctx * R)), kvb, K(size_t(n_ctx * nh * dqk));
-  for (int64_t s = 0; s < n_ctx; ++s) std::copy_n(&st.latent[size_t(s * dl)], R, &lat[size_t(s * R)]);
-  linear(c, w.kv_b_proj, lat.data(), n_ctx, kvb);  // [n_ctx, nh * wkv]
-  for (int64_t s = 0; s < n_ctx; ++s)
+// Brings st.kv_exp to the first n_ctx latent rows: rows up to the first one whose latent differs from the
+// copy it was expanded from are kept, the rest are expanded: [k_nope_h | v_h] = kv_b_proj c_s, stored per
+// head as [k_nope_h | r_s | v_h] (r shared, not rotated). Row results do not depend on which rows are
+// expanded together, so the cache changes no value.
+void expand_rows(const Ctx& c, const MlaConfig& m, const MlaWeights& w, MlaState& st, int64_t n_ctx) {
+  const int64_t nh = m.n_head, R = m.kv_lora_rank, dl = m.d_latent(), wkv = m.d_nope + m.d_v;
+  const int64_t wr = m.d_qk() + m.d_v;  // one head of one cached row
+  const int64_t n_have = std::min<int64_t>(int64_t(st.kv_src.size()) / dl, n_ctx);
+  int64_t p = 0;
+  while (p < n_have && std::memcmp(&st.kv_src[size_t(p * dl)], &st.latent[size_t(p * dl)], size_t(dl) * 4) == 0)
+    ++p;
+  st.kv_exp.resize(size_t(n_ctx * nh * wr));
+  st.kv_src.assign(st.latent.begin(), st.latent.begin() + long(n_ctx * dl));
+  const int64_t n_new = n_ctx - p;
+  if (n_new <= 0) return;
+  std::vector<float> lat(size_t(n_new * R)), kvb;
+  for (int64_t s = 0; s < n_new; ++s) std::copy_n(&st.latent[size_t((p + s) * dl)], R, &lat[size_t(s * R)]);
+  linear(c, w.kv_b_proj, lat.data(), n_new, kvb);  // [n_new, nh * wkv]
+  for (int64_t s = 0; s < n_new; ++s)
     for (int64_t h = 0; h < nh; ++h) {
-      float* k = &K[size_t((s * nh + h) * dqk)];
-      std::copy_n(&kvb[size_t(s * nh * wkv + h * wkv)], m.d_nope, k);
-      std::copy_n(&st.latent[size_t(s * dl + R)], m.d_rope, k + m.d_nope);
+      const float* src = &kvb[size_t((s * nh + h) * wkv)];
+      float* dst = &st.kv_exp[size_t(((p + s) * nh + h) * wr)];
+      std::copy_n(src, m.d_nope, dst);
+      std::copy_n(&st.latent[size_t((p + s) * dl + R)], m.d_rope, dst + m.d_nope);
+      std::copy_n(src + m.d_nope, m.d_v, dst + m.d_qk());
     }
+}
+
+// Unabsorbed attention of one sequence over the expanded rows; q: [n_tok, nh, d_qk] -> z: [n_tok, nh, d_v].
+void attend_unabsorbed(const Ctx& c, const MlaConfig& m, const MlaWeights& w, MlaState& st, AttentionParams p,
+                       const float* q, float* z) {
+  const int64_t nh = m.n_head, dqk = m.d_qk(), wr = dqk + m.d_v;
+  expand_rows(c, m, w, st, p.n_kv);
   p.d_qk = int(dqk), p.d_v = m.d_v;
   p.q = q, p.q_tok_stride = nh * dqk, p.q_head_stride = dqk;
-  p.k = K.data(), p.k_tok_stride = nh * dqk, p.k_head_stride = dqk;
-  p.v = kvb.data() + m.d_nope, p.v_tok_stride = nh * wkv, p.v_head_stride = wkv;
+  p.k = st.kv_exp.data(), p.k_tok_stride = nh * wr, p.k_head_stride = wr;
+  p.v = st.kv_exp.data() + dqk, p.v_tok_stride = nh * wr, p.v_head_stride = wr;
   p.out = z;
   attention_cpu(p, c.pool);
 }
@@ -104,6 +125,7 @@ void mla_forward(const Ctx& c, const ModelConfig& cfg, const MlaWeights& w, std:
   }
 
   std::vector<float> z(size_t(n_tok * nh * m.d_v));
+  if (c.par) c.par->mla_context(c, cfg, w, layer, seqs, kv.data(), x, n_tok);
   int64_t abs_i = 0;
   for (const MlaSeq& s : seqs) {
     MlaState& st = *s.st;
@@ -126,7 +148,9 @@ void mla_forward(const Ctx& c, const ModelConfig& cfg, const MlaWeights& w, std:
       attend_unabsorbed(c, m, w, st, p, &q[r0 * size_t(nh * dqk)], &z[r0 * size_t(nh * m.d_v)]);
       continue;
     }
-    // MQA over the latent rows: k = [c | r], v = c.
+    // MQA over the latent rows: k = [c | r], v = c. The unabsorbed expansion is not needed any more.
+    std::vector<float>().swap(st.kv_exp);
+    std::vector<float>().swap(st.kv_src);
     p.d_qk = int(dl), p.d_v = int(R);
     p.q = &qh[size_t(abs_i * nh * dl)], p.q_tok_stride = nh * dl, p.q_head_stride = dl;
     p.k = st.latent.data(), p.k_tok_stride = dl, p.k_head_stride = 0;
@@ -156,7 +180,7 @@ void mla_forward(const Ctx& c, const ModelConfig& cfg, const MlaWeights& w, std:
     for (size_t i = 0; i < z.size(); ++i) z[i] *= sigmoidf(g[i]);
     c.rnd(z.data(), int64_t(z.size()));
   }
-  linear_into(c, w.o_proj, z.data(), n_tok, out);
+  linear_rowpar(c, w.o_proj, z.data(), n_tok, out);  // a partial sum when the heads are sharded
 }
 
 }  // namespace k3

@@ -11,7 +11,8 @@
 
 namespace k3 {
 
-Model::Model(const Checkpoint& ckpt, const ModelOptions& opt) : cfg_(ckpt.config()), opt_(opt) {}
+Model::Model(const Checkpoint& ckpt, const ModelOptions& opt, std::unique_ptr<ModelConfig> shard_cfg)
+    : shard_cfg_(std::move(shard_cfg)), cfg_(shard_cfg_ ? *shard_cfg_ : ckpt.config()), opt_(opt) {}
 Model::~Model() = default;
 
 bool Model::activation_checks_enabled() {
@@ -23,9 +24,19 @@ bool Model::activation_checks_enabled() {
 }
 
 Result<std::unique_ptr<Model>> Model::load(const Checkpoint& ckpt, const ModelOptions& opt) {
+  return load(ckpt, opt, nullptr);
+}
+
+Result<std::unique_ptr<Model>> Model::load(const Checkpoint& ckpt, const ModelOptions& opt,
+                                           const WeightTransform& shard) {
   if (opt.kda_chunk <= 0) return error(Code::invalid_argument, "kda_chunk must be positive");
   K3_ASSIGN_OR_RETURN(auto w, bind_model(ckpt));
-  std::unique_ptr<Model> m(new Model(ckpt, opt));
+  std::unique_ptr<ModelConfig> cfg;
+  if (shard) {
+    cfg = std::make_unique<ModelConfig>(ckpt.config());
+    K3_RETURN_IF_ERROR(shard(*cfg, *w));
+  }
+  std::unique_ptr<Model> m(new Model(ckpt, opt, std::move(cfg)));
   m->w_ = std::move(w);
   m->pool_ = std::make_unique<ThreadPool>(opt.n_threads);
   return m;
@@ -44,6 +55,7 @@ Status Model::run(std::span<SeqState* const> states, const int32_t* tokens, std:
   c.pool = pool_.get();
   c.trace = &opt_.trace;
   c.guard = &guard;
+  c.par = opt_.parallel;
   KdaExec kx;
   kx.recurrent = opt_.kda_recurrent;
   kx.chunk = opt_.kda_chunk;
@@ -153,6 +165,24 @@ Status Model::forward(SeqState& state, const int32_t* tokens, int64_t n_tok, std
   for (int64_t t = all_logits ? 0 : n_tok - 1; t < n_tok; ++t) out_rows.push_back(t);
   if (logits) logits->resize(out_rows.size() * size_t(cfg_.n_vocab));
   return run(states, tokens, row0, out_rows, logits ? logits->data() : nullptr);
+}
+
+Status Model::forward_packed(std::span<SeqState* const> states, const int32_t* tokens,
+                             std::span<const int64_t> row0, std::span<const int64_t> out_rows,
+                             std::vector<float>* logits) {
+  if (row0.size() != states.size() + 1 || row0.empty() || row0[0] != 0)
+    return error(Code::invalid_argument, "forward_packed: row0 must hold one start per sequence and the end");
+  for (size_t i = 0; i < states.size(); ++i)
+    if (row0[i + 1] <= row0[i]) return error(Code::invalid_argument, "forward_packed: empty sequence");
+  for (size_t i = 0; i < out_rows.size(); ++i)
+    if (out_rows[i] < 0 || out_rows[i] >= row0.back() || (i > 0 && out_rows[i] <= out_rows[i - 1]))
+      return error(Code::invalid_argument, "forward_packed: out_rows must be ascending rows");
+  K3_RETURN_IF_ERROR(check_tokens(tokens, row0.back(), cfg_.n_vocab));
+  if (states.empty()) return ok_status();
+  std::vector<float> tmp;
+  std::vector<float>& out = logits ? *logits : tmp;
+  out.resize(out_rows.size() * size_t(cfg_.n_vocab));
+  return run(states, tokens, row0, out_rows, out.data());
 }
 
 Status Model::forward_batch(std::span<SeqState*> states, std::span<const std::span<const int32_t>> tokens,

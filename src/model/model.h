@@ -30,6 +30,7 @@
 namespace k3 {
 
 class ThreadPool;
+class ParallelHooks;
 struct ModelWeights;
 
 enum class MlaPath {
@@ -46,11 +47,18 @@ struct ModelOptions {
   bool kda_recurrent = false;  // force token-by-token KDA
   // Named intermediates per layer ("attn_norm", "kda_o", "ffn_out", ...; layer n_layer = the final norm).
   std::function<void(const char* name, int layer, const float* data, int64_t n)> trace;
+  ParallelHooks* parallel = nullptr;  // this rank's parallel layout (model/parallel.h); nullptr: one rank
 };
+
+// Applied once after binding (src/dist: tensor / expert sharding): may shrink the config copy the Model
+// keeps (heads per rank) and the weights (slices); shard copies go into ModelWeights::shard_storage.
+using WeightTransform = std::function<Status(ModelConfig& cfg, ModelWeights& w)>;
 
 class Model {
  public:
   static Result<std::unique_ptr<Model>> load(const Checkpoint& ckpt, const ModelOptions& opt);
+  static Result<std::unique_ptr<Model>> load(const Checkpoint& ckpt, const ModelOptions& opt,
+                                             const WeightTransform& shard);
   ~Model();
 
   // True in debug builds (NDEBUG unset): every traced activation is checked for NaN/Inf.
@@ -69,14 +77,19 @@ class Model {
   // Several sequences in one call (each with its own state and token span); last_logits[i]: [n_vocab].
   Status forward_batch(std::span<SeqState*> states, std::span<const std::span<const int32_t>> tokens,
                        std::vector<std::vector<float>>* last_logits);
+  // Packed call: sequence i owns rows [row0[i], row0[i+1]) of `tokens` (no empty sequence); logits
+  // [out_rows.size(), n_vocab] of the listed rows (ascending).
+  Status forward_packed(std::span<SeqState* const> states, const int32_t* tokens, std::span<const int64_t> row0,
+                        std::span<const int64_t> out_rows, std::vector<float>* logits);
 
  private:
-  Model(const Checkpoint& ckpt, const ModelOptions& opt);
+  Model(const Checkpoint& ckpt, const ModelOptions& opt, std::unique_ptr<ModelConfig> shard_cfg = nullptr);
   // The batched layer loop: sequence i owns rows [row0[i], row0[i+1]) of `tokens`. Writes logits of the
   // rows listed in `out_rows` (ascending) into logits [out_rows.size(), n_vocab].
   Status run(std::span<SeqState* const> states, const int32_t* tokens, std::span<const int64_t> row0,
              std::span<const int64_t> out_rows, float* logits);
-  const ModelConfig& cfg_;
+  std::unique_ptr<ModelConfig> shard_cfg_;  // a rank's share of the config (WeightTransform), if any
+  const ModelConfig& cfg_;                  // *shard_cfg_ or the checkpoint's
   ModelOptions opt_;
   std::unique_ptr<ModelWeights> w_;
   std::unique_ptr<ThreadPool> pool_;

@@ -33,6 +33,7 @@ struct ModelWeights {
   LinearWeight lm_head;               // [n_vocab, D]
   std::vector<float> q_out_res;       // [D] output AttnRes pseudo-query (K3)
   std::vector<LayerWeights> layers;   // [n_layer]
+  std::shared_ptr<void> shard_storage;  // owned copies a sharding transform made (src/dist), if any
 };
 
 Result<std::unique_ptr<ModelWeights>> bind_model(const Checkpoint& ckpt);
