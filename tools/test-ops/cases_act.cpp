@@ -50,9 +50,18 @@ void add_glu(CaseList& cases, const RowShape& s, GluKind kind, float beta2, Prec
         p.beta2 = beta2;
         p.precision = prec;
         if (b == Backend::ref) glu_ref(p);
-        else glu_cpu(p, ctx.pool);
+        else if (b == Backend::cpu) glu_cpu(p, ctx.pool);
+#ifdef K3_HAVE_CUDA
+        else {
+          const float* gu = ctx.dev_in(st->gu);
+          p.g = gu;
+          p.u = gu + s.d;
+          p.h = ctx.dev_out_f32(0, s.n_row * (s.d + s.pad));
+          ctx.gpu_run([&] { glu_cuda(p, *ctx.gpu); });
+        }
+#endif
       },
-      perf, 12.0 * double(s.n_row * s.d), 20.0 * double(s.n_row * s.d)));
+      perf, 12.0 * double(s.n_row * s.d), 20.0 * double(s.n_row * s.d), kCudaBuilt));
 }
 
 void add_sigmoid(CaseList& cases, const RowShape& s, bool perf) {
@@ -73,9 +82,16 @@ void add_sigmoid(CaseList& cases, const RowShape& s, bool perf) {
         p.y = ctx.out_f32(0, s.n_row * ld);
         p.ldy = ld;
         if (b == Backend::ref) sigmoid_ref(p);
-        else sigmoid_cpu(p, ctx.pool);
+        else if (b == Backend::cpu) sigmoid_cpu(p, ctx.pool);
+#ifdef K3_HAVE_CUDA
+        else {
+          p.x = ctx.dev_in(*st);
+          p.y = ctx.dev_out_f32(0, s.n_row * ld);
+          ctx.gpu_run([&] { sigmoid_cuda(p, *ctx.gpu); });
+        }
+#endif
       },
-      perf, 8.0 * double(s.n_row * s.d), 4.0 * double(s.n_row * s.d)));
+      perf, 8.0 * double(s.n_row * s.d), 4.0 * double(s.n_row * s.d), kCudaBuilt));
 }
 
 void add_softmax(CaseList& cases, const RowShape& s, float scale, bool masked, bool perf) {
@@ -101,9 +117,16 @@ void add_softmax(CaseList& cases, const RowShape& s, float scale, bool masked, b
         p.ldy = ld;
         p.scale = scale;
         if (b == Backend::ref) softmax_ref(p);
-        else softmax_cpu(p, ctx.pool);
+        else if (b == Backend::cpu) softmax_cpu(p, ctx.pool);
+#ifdef K3_HAVE_CUDA
+        else {
+          p.x = ctx.dev_in(*st);
+          p.y = ctx.dev_out_f32(0, s.n_row * ld);
+          ctx.gpu_run([&] { softmax_cuda(p, *ctx.gpu); });
+        }
+#endif
       },
-      perf, 8.0 * double(s.n_row * s.d), 5.0 * double(s.n_row * s.d)));
+      perf, 8.0 * double(s.n_row * s.d), 5.0 * double(s.n_row * s.d), kCudaBuilt));
 }
 
 }  // namespace

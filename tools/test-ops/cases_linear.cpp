@@ -36,6 +36,7 @@ class LinearCase : public OpCase {
            (specials_ ? " x-has-nan-inf" : "");
   }
   double max_nmse() const override { return 1e-9; }
+  bool supports(Backend b) const override { return b != Backend::cuda || kCudaBuilt; }
   bool perf() const override { return perf_; }
   double bytes() const override { return double(w_.size() + scale_.size()); }
   double flops() const override { return 2.0 * double(n_tok_) * double(in_) * double(out_); }
@@ -101,7 +102,17 @@ class LinearCase : public OpCase {
     p.ldy = ldy_;
     p.x_precision = prec_;
     if (b == Backend::ref) linear_ref(W_, p);
-    else linear_cpu(W_, p, ctx.pool);
+    else if (b == Backend::cpu) linear_cpu(W_, p, ctx.pool);
+#ifdef K3_HAVE_CUDA
+    else {
+      LinearWeight Wd = W_;
+      Wd.w = ctx.dev_in(w_);
+      Wd.scale = W_.is_mxfp4() ? ctx.dev_in(scale_) : nullptr;
+      p.x = ctx.dev_in(x_);
+      p.y = ctx.dev_out_f32(0, n_tok_ * ldy_);
+      ctx.gpu_run([&] { linear_cuda(Wd, p, *ctx.gpu); });
+    }
+#endif
   }
 
  private:

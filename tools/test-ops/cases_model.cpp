@@ -40,6 +40,7 @@ class KdaCase : public OpCase {
            (kl_gate_ ? " gate=kl" : " gate=k3");
   }
   double max_nmse() const override { return 1e-9; }
+  bool supports(Backend b) const override { return b != Backend::cuda || kCudaBuilt; }
 
   void init(Rng& rng) override {
     const int64_t nh = n_tok_ * H_;
@@ -79,10 +80,22 @@ class KdaCase : public OpCase {
     p.chunk = chunk_;
     if (b == Backend::ref)
       kda_ref(p);
-    else if (recurrent_)
+    else if (b == Backend::cpu && recurrent_)
       kda_recurrent_cpu(p, ctx.pool);
-    else
+    else if (b == Backend::cpu)
       kda_chunk_cpu(p, ctx.pool);
+#ifdef K3_HAVE_CUDA
+    else {  // S starts as the host copy of S0 (dev_out mirrors what the host buffer holds)
+      p.q = ctx.dev_in(q_), p.k = ctx.dev_in(k_), p.v = ctx.dev_in(v_), p.g = ctx.dev_in(g_);
+      p.beta = ctx.dev_in(beta_);
+      p.o = ctx.dev_out_f32(0, n_tok_ * H_ * V_);
+      p.S = ctx.dev_out_f32(1, int64_t(S0_.size()));
+      ctx.gpu_run([&] {
+        if (recurrent_) kda_recurrent_cuda(p, *ctx.gpu);
+        else kda_chunk_cuda(p, *ctx.gpu);
+      });
+    }
+#endif
   }
 
  private:
@@ -114,6 +127,7 @@ class AttentionCase : public OpCase {
            (n_sel_ ? " n_sel=" + std::to_string(n_sel_) : "");
   }
   double max_nmse() const override { return 1e-10; }
+  bool supports(Backend b) const override { return b != Backend::cuda || kCudaBuilt; }
 
   void init(Rng& rng) override {
     const int64_t n_kv = n_past_ + n_q_;
@@ -155,10 +169,21 @@ class AttentionCase : public OpCase {
     }
     if (layout_ == AttnLayout::sparse) p.sel = sel_.data(), p.n_sel = n_sel_;
     p.out = ctx.out_f32(0, n_q_ * H_ * d_v_);
-    if (b == Backend::ref)
+    if (b == Backend::ref) {
       attention_ref(p);
-    else
+    } else if (b == Backend::cpu) {
       attention_cpu(p, ctx.pool);
+    } else {
+#ifdef K3_HAVE_CUDA
+      const float* kd = ctx.dev_in(k_);  // the latent layout reads k and v from one buffer
+      p.q = ctx.dev_in(q_);
+      p.k = kd;
+      p.v = layout_ == AttnLayout::mqa_latent ? kd : ctx.dev_in(v_);
+      p.sel = layout_ == AttnLayout::sparse ? ctx.dev_in(sel_) : nullptr;
+      p.out = ctx.dev_out_f32(0, n_q_ * H_ * d_v_);
+      ctx.gpu_run([&] { attention_cuda(p, *ctx.gpu); });
+#endif
+    }
   }
 
  private:

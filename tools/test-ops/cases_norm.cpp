@@ -54,9 +54,17 @@ void add_rms_norm(CaseList& cases, const RowShape& s, Precision prec, bool with_
         p.ldy = st->ld();
         p.precision = prec;
         if (b == Backend::ref) rms_norm_ref(p);
-        else rms_norm_cpu(p, ctx.pool);
+        else if (b == Backend::cpu) rms_norm_cpu(p, ctx.pool);
+#ifdef K3_HAVE_CUDA
+        else {
+          p.x = ctx.dev_in(st->x);
+          p.w = with_w ? ctx.dev_in(st->w) : nullptr;
+          p.y = ctx.dev_out_f32(0, p.n_row * st->ld());
+          ctx.gpu_run([&] { rms_norm_cuda(p, *ctx.gpu); });
+        }
+#endif
       },
-      perf, bytes, 3.0 * double(s.n_row * s.d)));
+      perf, bytes, 3.0 * double(s.n_row * s.d), kCudaBuilt));
 }
 
 void add_layer_norm(CaseList& cases, const RowShape& s, bool affine, bool perf) {
@@ -75,9 +83,18 @@ void add_layer_norm(CaseList& cases, const RowShape& s, bool affine, bool perf) 
         p.y = ctx.out_f32(0, p.n_row * st->ld());
         p.ldy = st->ld();
         if (b == Backend::ref) layer_norm_ref(p);
-        else layer_norm_cpu(p, ctx.pool);
+        else if (b == Backend::cpu) layer_norm_cpu(p, ctx.pool);
+#ifdef K3_HAVE_CUDA
+        else {
+          p.x = ctx.dev_in(st->x);
+          p.gain = affine ? ctx.dev_in(st->w) : nullptr;
+          p.bias = affine ? ctx.dev_in(st->b) : nullptr;
+          p.y = ctx.dev_out_f32(0, p.n_row * st->ld());
+          ctx.gpu_run([&] { layer_norm_cuda(p, *ctx.gpu); });
+        }
+#endif
       },
-      perf, 8.0 * double(s.n_row * s.d), 5.0 * double(s.n_row * s.d)));
+      perf, 8.0 * double(s.n_row * s.d), 5.0 * double(s.n_row * s.d), kCudaBuilt));
 }
 
 void add_l2norm(CaseList& cases, int64_t n_row, int64_t n_head, int64_t d_head, int64_t pad, float scale, bool perf) {
@@ -99,9 +116,16 @@ void add_l2norm(CaseList& cases, int64_t n_row, int64_t n_head, int64_t d_head, 
         p.ldy = st->ld();
         p.scale = scale;
         if (b == Backend::ref) l2norm_ref(p);
-        else l2norm_cpu(p, ctx.pool);
+        else if (b == Backend::cpu) l2norm_cpu(p, ctx.pool);
+#ifdef K3_HAVE_CUDA
+        else {
+          p.x = ctx.dev_in(st->x);
+          p.y = ctx.dev_out_f32(0, p.n_row * st->ld());
+          ctx.gpu_run([&] { l2norm_cuda(p, *ctx.gpu); });
+        }
+#endif
       },
-      perf, 8.0 * double(st->s.n_row * st->s.d), 3.0 * double(st->s.n_row * st->s.d)));
+      perf, 8.0 * double(st->s.n_row * st->s.d), 3.0 * double(st->s.n_row * st->s.d), kCudaBuilt));
 }
 
 }  // namespace

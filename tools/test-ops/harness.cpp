@@ -3,14 +3,17 @@
 #include "harness.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 
 #include "core/cpu_features.h"
+#include "core/cuda_check.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "gpu/context.h"
 
 namespace k3::opt {
 
@@ -93,6 +96,27 @@ uint64_t seed_of(const std::string& s, uint64_t seed) {
   return h;
 }
 
+// The device the cuda backend runs on, opened once per invocation when the cuda backend is wanted.
+struct GpuSession {
+  gpu::ContextOwner owner;
+  GpuContext* g = nullptr;  // null: the cuda backend is skipped, `why` says why
+  std::string why;
+};
+
+void open_gpu(const std::string& backend, GpuSession* s) {
+  if (!backend.empty() && backend != "cuda") return;
+  if (!kCudaBuilt) {
+    s->why = "no CUDA device (built without CUDA: -DK3_CUDA=ON)";
+  } else if (k3::cuda::device_count() == 0) {
+    s->why = "no CUDA device";
+  } else {
+    const Status st = s->owner.create();
+    if (st.ok()) s->g = &s->owner.get();
+    else s->why = "no CUDA device usable: " + st.message();
+  }
+  if (!s->g) std::printf("cuda backend skipped: %s\n", s->why.c_str());
+}
+
 // Compares one backend's outputs with the reference's; returns "" when they agree.
 std::string compare(const RunContext& ref, const RunContext& got, double max_nmse, double* nmse_out) {
   *nmse_out = 0;
@@ -154,6 +178,9 @@ CaseList all_cases(const std::string& op_filter) {
 int mode_test(const std::string& op, const std::string& backend, ThreadPool* pool, uint64_t seed, bool verbose) {
   int passed = 0, failed = 0;
   const std::vector<BackendSpec> specs = backends();
+  GpuSession gpu;
+  open_gpu(backend, &gpu);
+  if (backend == "cuda" && !gpu.g) return 0;  // skipped, said why
   for (auto& c : all_cases(op)) {
     if (c->perf()) continue;
     Rng rng(seed_of(c->op() + c->shape(), seed));
@@ -164,13 +191,20 @@ int mode_test(const std::string& op, const std::string& backend, ThreadPool* poo
     for (const BackendSpec& b : specs) {
       if (b.kind == Backend::ref || !c->supports(b.kind)) continue;
       if (!backend.empty() && b.name != backend) continue;
+      if (b.kind == Backend::cuda && !gpu.g) continue;
       const CpuLevel old = set_cpu_level_limit(b.level);
       RunContext got;
       got.pool = pool;
+      got.gpu = b.kind == Backend::cuda ? gpu.g : nullptr;
       c->run(b.kind, got);
       set_cpu_level_limit(old);
       double nmse = 0;
-      const std::string why = compare(ref, got, c->max_nmse(), &nmse);
+      std::string why;
+      if (b.kind == Backend::cuda) {
+        const Status st = got.finish_gpu();
+        if (!st.ok()) why = "device error: " + st.message();
+      }
+      if (why.empty()) why = compare(ref, got, c->max_nmse(), &nmse);
       if (why.empty()) ++passed;
       else ++failed;
       if (!why.empty() || verbose)
@@ -182,7 +216,25 @@ int mode_test(const std::string& op, const std::string& backend, ThreadPool* poo
   return failed == 0 && passed > 0 ? 0 : 1;
 }
 
+// Device time per op run: gpu_run loops of gpu_repeat runs, synchronized, copies excluded.
+double time_gpu_runs(OpCase& c, RunContext& ctx) {
+  ctx.gpu_repeat = 1;
+  c.run(Backend::cuda, ctx);  // warm-up (module load, cuBLAS heuristics)
+  if (!ctx.finish_gpu().ok()) return -1;
+  ctx.gpu_repeat = 3;
+  ctx.gpu_seconds = 0;
+  c.run(Backend::cuda, ctx);
+  if (!ctx.finish_gpu().ok()) return -1;
+  const double one = ctx.gpu_seconds / 3;
+  ctx.gpu_repeat = int(std::min(1000.0, std::max(3.0, 0.2 / std::max(one, 1e-7))));
+  ctx.gpu_seconds = 0;
+  c.run(Backend::cuda, ctx);
+  if (!ctx.finish_gpu().ok()) return -1;
+  return ctx.gpu_seconds / ctx.gpu_repeat;
+}
+
 double time_runs(OpCase& c, Backend b, RunContext& ctx) {
+  if (b == Backend::cuda) return time_gpu_runs(c, ctx);
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();
   c.run(b, ctx);  // warm-up (and output allocation); a slow run (the reference) is timed once
@@ -202,6 +254,13 @@ double time_runs(OpCase& c, Backend b, RunContext& ctx) {
 
 int mode_perf(const std::string& op, const std::string& backend, ThreadPool* pool, uint64_t seed) {
   std::printf("cpu: %s, threads %d\n", cpu_features_str().c_str(), pool->size());
+  GpuSession gpu;
+  open_gpu(backend, &gpu);
+  if (backend == "cuda" && !gpu.g) return 0;
+  if (gpu.g) {
+    Result<std::string> d = k3::cuda::describe_device(0);
+    std::printf("gpu: %s\n", d.ok() ? d.value().c_str() : d.status().message().c_str());
+  }
   for (auto& c : all_cases(op)) {
     if (!c->perf()) continue;
     Rng rng(seed_of(c->op() + c->shape(), seed));
@@ -210,11 +269,17 @@ int mode_perf(const std::string& op, const std::string& backend, ThreadPool* poo
     for (const BackendSpec& b : backends()) {
       if (!c->supports(b.kind)) continue;
       if (!backend.empty() && b.name != backend && b.kind != Backend::ref) continue;
+      if (b.kind == Backend::cuda && !gpu.g) continue;
       const CpuLevel old = set_cpu_level_limit(b.level);
       RunContext ctx;
       ctx.pool = pool;
+      ctx.gpu = b.kind == Backend::cuda ? gpu.g : nullptr;
       const double t = time_runs(*c, b.kind, ctx);
       set_cpu_level_limit(old);
+      if (t < 0) {
+        std::printf("  %-12s %-14s %-44s device error\n", c->op().c_str(), b.name.c_str(), c->shape().c_str());
+        continue;
+      }
       if (b.kind == Backend::ref) t_ref = t;
       std::printf("  %-12s %-14s %-44s %10.1f us %8.2f GB/s %8.2f GFLOP/s  x%.1f vs ref\n", c->op().c_str(),
                   b.name.c_str(), c->shape().c_str(), t * 1e6, c->bytes() / t * 1e-9, c->flops() / t * 1e-9,

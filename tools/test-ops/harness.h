@@ -15,6 +15,15 @@
 // are untouched. Output buffers are pre-filled with a NaN pattern, so an element one backend writes and
 // the other skips is caught too.
 //
+// The cuda backend (built with -DK3_CUDA=ON, skipped with "no CUDA device" when none is visible): run(cuda, ctx)
+// uploads its inputs (ctx.dev_in), gets device outputs that mirror the guarded host buffers
+// (ctx.dev_out_f32: the device buffer starts as a copy of the host buffer, NaN fill, anything the case wrote
+// there such as an in/out state, AND the 64 guard bytes) and enqueues the op through ctx.gpu_run. The
+// harness then downloads each mirror whole into its host buffer, so the device-side guard bytes are
+// checked by the usual guard check, and frees the device memory. In `perf`, gpu_run runs the op
+// ctx.gpu_repeat times back to back and times only that (no copies). Cases put their cuda branch under
+// #ifdef K3_HAVE_CUDA and pass kCudaBuilt as FnCase's `cuda` flag (or override supports()).
+//
 // Registration, from any tools/test-ops/cases_*.cpp (no header edits needed):
 //   K3_OP_CASES(linear_cases) { cases.push_back(std::make_unique<LinearCase>(...)); }
 // FnCase (below) builds a case from an init and a run closure; cases_norm.cpp shows it.
@@ -33,6 +42,9 @@
 #include <string>
 #include <vector>
 
+#include "core/gpu.h"
+#include "core/status.h"
+
 namespace k3 {
 class ThreadPool;
 }
@@ -40,6 +52,12 @@ class ThreadPool;
 namespace k3::opt {
 
 enum class Backend { ref, cpu, cuda };
+
+#ifdef K3_HAVE_CUDA
+inline constexpr bool kCudaBuilt = true;
+#else
+inline constexpr bool kCudaBuilt = false;
+#endif
 
 // A guarded output buffer: n elements then 64 canary bytes.
 struct GuardedBuffer {
@@ -53,10 +71,38 @@ struct GuardedBuffer {
 
 class RunContext {
  public:
+  RunContext() = default;
+  RunContext(const RunContext&) = delete;
+  RunContext& operator=(const RunContext&) = delete;
+  ~RunContext();
+
   ThreadPool* pool = nullptr;
   // Output slot `slot` with n elements; the same slot must get the same n on every backend.
   float* out_f32(int slot, int64_t n);
   int32_t* out_i32(int slot, int64_t n);
+
+  // ---- cuda backend (harness_gpu.cpp) ----
+  GpuContext* gpu = nullptr;  // set by the harness for Backend::cuda
+  int gpu_repeat = 1;         // perf: op runs per gpu_run
+  double gpu_seconds = 0;     // perf: wall time of the gpu_run loops (synchronized), summed
+  // Device copy of host data (freed by finish_gpu); n elements of T.
+  template <class T>
+  const T* dev_in(const T* host, int64_t n) {
+    return static_cast<const T*>(dev_upload(host, size_t(n) * sizeof(T)));
+  }
+  template <class T>
+  const T* dev_in(const std::vector<T>& v) {
+    return dev_in(v.data(), int64_t(v.size()));
+  }
+  // Device mirror of out_f32(slot, n) / out_i32(slot, n) (see the file comment); call it after writing any
+  // initial contents into the host buffer.
+  float* dev_out_f32(int slot, int64_t n);
+  int32_t* dev_out_i32(int slot, int64_t n);
+  // Enqueues `op` (gpu_repeat times in perf) on gpu->stream.
+  void gpu_run(const std::function<void()>& op);
+  // Waits, downloads every mirror (guard bytes included) into its host buffer, frees the device memory.
+  // A failed kernel shows up here.
+  Status finish_gpu();
 
   struct Slot {
     GuardedBuffer buf;
@@ -67,6 +113,15 @@ class RunContext {
 
  private:
   Slot& slot_at(int slot, int64_t n, bool is_f32);
+  void* dev_upload(const void* host, size_t bytes);
+  void* dev_mirror(int slot);
+  struct Mirror {
+    int slot;
+    void* dev;
+  };
+  std::vector<void*> dev_allocs_;
+  std::vector<Mirror> mirrors_;
+  Status gpu_status_;  // the first failure of an upload / launch, reported by finish_gpu
 };
 
 class Rng {
@@ -108,14 +163,16 @@ class OpCase {
 class FnCase : public OpCase {
  public:
   FnCase(std::string op, std::string shape, double max_nmse, std::function<void(Rng&)> init,
-         std::function<void(Backend, RunContext&)> run, bool perf = false, double bytes = 0, double flops = 0)
+         std::function<void(Backend, RunContext&)> run, bool perf = false, double bytes = 0, double flops = 0,
+         bool cuda = false)
       : op_(std::move(op)), shape_(std::move(shape)), max_nmse_(max_nmse), init_(std::move(init)),
-        run_(std::move(run)), perf_(perf), bytes_(bytes), flops_(flops) {}
+        run_(std::move(run)), perf_(perf), bytes_(bytes), flops_(flops), cuda_(cuda) {}
   std::string op() const override { return op_; }
   std::string shape() const override { return shape_; }
   void init(Rng& rng) override { init_(rng); }
   void run(Backend b, RunContext& ctx) override { run_(b, ctx); }
   double max_nmse() const override { return max_nmse_; }
+  bool supports(Backend b) const override { return b != Backend::cuda || cuda_; }
   bool perf() const override { return perf_; }
   double bytes() const override { return bytes_; }
   double flops() const override { return flops_; }
@@ -127,6 +184,7 @@ class FnCase : public OpCase {
   std::function<void(Backend, RunContext&)> run_;
   bool perf_;
   double bytes_, flops_;
+  bool cuda_;
 };
 
 using CaseList = std::vector<std::unique_ptr<OpCase>>;

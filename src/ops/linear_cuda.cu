@@ -1,0 +1,288 @@
+// linear_cuda.cu: y = W x on the GPU (linear.h) for every weight dtype, fp32 accumulation everywhere.
+//
+//   n_tok <= 8 (decode): a GEMV that decodes W in registers, one warp per output row, 16-byte weight loads
+//       (4 f32 / 8 bf16 or f16 / 16 fp8 / 32 MXFP4 = one scale group per load), per load a partial sum
+//       over its elements (MXFP4: partial * 2^(e-127), as linear_cpu); rows that are not 16-byte aligned
+//       take a scalar loop. x is read by every warp (L1/L2 resident).
+//   n_tok > 8 (prefill), cuBLAS GemmEx, column-major view: y^T [out, n_tok] = W [in, out]^T x^T [in, n_tok]:
+//       bf16 mode (x bf16-exact) with bf16 / fp8 / MXFP4 weights: x -> bf16 copy, W -> bf16 tile (fp8 and
+//           e2m1 * 2^(e-127) are exact in bf16), bf16 x bf16 -> fp32 with CUBLAS_COMPUTE_32F;
+//       otherwise (fp32 mode, or f16 / f32 weights): W -> fp32 tile (f32 used in place), fp32 GEMM with
+//           CUBLAS_COMPUTE_32F_PEDANTIC (no TF32 unless g.allow_tf32: then _FAST_TF32).
+//       Tiles live in g.workspace: the bf16 x copy takes at most half; W is decoded in row tiles that fit
+//       the rest, so no full decoded copy is ever made.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+#include "ops/cuda_util.cuh"
+#include "ops/linear.h"
+
+namespace k3 {
+
+namespace {
+
+using namespace cuda_ops;
+
+enum class WK { f32, bf16, f16, fp8, mxfp4 };
+
+constexpr int kGemvMaxTok = 8, kGemvWarps = 8;
+
+// Elements per 16-byte load.
+template <WK K>
+constexpr int elems16() {
+  return K == WK::f32 ? 4 : K == WK::fp8 ? 16 : K == WK::mxfp4 ? 32 : 8;
+}
+
+__device__ __forceinline__ float e2m1(uint32_t nib) {  // {0, .5, 1, 1.5, 2, 3, 4, 6} x sign, exact
+  const uint32_t em = nib & 7;
+  uint32_t bits = em >= 2 ? (((em >> 1) + 126u) << 23) | ((em & 1u) << 22) : (em ? 126u << 23 : 0u);
+  return __uint_as_float(bits | ((nib & 8u) << 28));
+}
+__device__ __forceinline__ float e8m0(uint8_t e) { return __uint_as_float(e ? uint32_t(e) << 23 : 0x00400000u); }
+__device__ __forceinline__ float fp8(uint8_t b) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(b), __NV_E4M3)));
+}
+
+// W[o, c] as fp32 (MXFP4 with its scale: e2m1 * 2^(e-127) is exact in fp32 for the scales checkpoints use).
+template <WK K>
+__device__ __forceinline__ float weight_at(const void* w, const uint8_t* scale, int64_t in, int64_t o, int64_t c) {
+  if constexpr (K == WK::f32) return static_cast<const float*>(w)[o * in + c];
+  if constexpr (K == WK::bf16) return __uint_as_float(uint32_t(static_cast<const uint16_t*>(w)[o * in + c]) << 16);
+  if constexpr (K == WK::f16) return __half2float(__ushort_as_half(static_cast<const uint16_t*>(w)[o * in + c]));
+  if constexpr (K == WK::fp8) return fp8(static_cast<const uint8_t*>(w)[o * in + c]);
+  if constexpr (K == WK::mxfp4) {
+    const uint8_t byte = static_cast<const uint8_t*>(w)[o * (in / 2) + c / 2];
+    return e2m1(c % 2 == 0 ? byte & 0x0f : byte >> 4) * e8m0(scale[o * (in / 32) + c / 32]);
+  }
+  return 0.f;
+}
+
+// The elems16<K>() weights of one 16-byte load, without the MXFP4 scale.
+template <WK K>
+__device__ __forceinline__ void decode16(const uint4 raw, float* w) {
+  const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    if constexpr (K == WK::f32) {
+      w[q] = __uint_as_float(u[q]);
+    } else if constexpr (K == WK::bf16) {
+      w[2 * q] = __uint_as_float(u[q] << 16);
+      w[2 * q + 1] = __uint_as_float(u[q] & 0xffff0000u);
+    } else if constexpr (K == WK::f16) {
+      w[2 * q] = __half2float(__ushort_as_half(uint16_t(u[q] & 0xffff)));
+      w[2 * q + 1] = __half2float(__ushort_as_half(uint16_t(u[q] >> 16)));
+    } else if constexpr (K == WK::fp8) {
+#pragma unroll
+      for (int b = 0; b < 4; ++b) w[4 * q + b] = fp8(uint8_t(u[q] >> (8 * b)));
+    } else {  // MXFP4: byte k holds columns 2k (low nibble) and 2k + 1
+#pragma unroll
+      for (int n = 0; n < 8; ++n) w[8 * q + n] = e2m1((u[q] >> (4 * n)) & 0xf);
+    }
+  }
+}
+
+struct GemvArgs {
+  const void* w;
+  const uint8_t* scale;
+  int64_t out, in, row_bytes;
+  const float* x;  // [n_tok, in], row stride ldx
+  int64_t ldx;
+  float* y;  // [n_tok, out], row stride ldy
+  int64_t ldy;
+  int n_tok;
+  bool x_vec;  // x and ldx allow float4 loads
+};
+
+template <WK K, bool VEC>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemvArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t o = int64_t(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  if (o >= a.out) return;
+  float acc[kGemvMaxTok];
+#pragma unroll
+  for (int t = 0; t < kGemvMaxTok; ++t) acc[t] = 0.f;
+  if constexpr (VEC) {
+    constexpr int E = elems16<K>();
+    const uint4* wrow = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(a.w) + o * a.row_bytes);
+    for (int64_t v = lane; v < a.in / E; v += 32) {
+      float w[E];
+      decode16<K>(__ldg(wrow + v), w);
+      const float sc = K == WK::mxfp4 ? e8m0(a.scale[o * (a.in / 32) + v]) : 1.f;
+#pragma unroll
+      for (int t = 0; t < kGemvMaxTok; ++t) {
+        if (t >= a.n_tok) break;
+        const float* x = a.x + t * a.ldx + v * E;
+        float part = 0.f;
+        if (a.x_vec) {
+#pragma unroll
+          for (int e = 0; e < E; e += 4) {
+            const float4 xv = *reinterpret_cast<const float4*>(x + e);
+            part += w[e] * xv.x + w[e + 1] * xv.y + w[e + 2] * xv.z + w[e + 3] * xv.w;
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < E; ++e) part += w[e] * x[e];
+        }
+        acc[t] += K == WK::mxfp4 ? part * sc : part;
+      }
+    }
+  } else {
+    for (int64_t c = lane; c < a.in; c += 32) {
+      const float w = weight_at<K>(a.w, a.scale, a.in, o, c);
+#pragma unroll
+      for (int t = 0; t < kGemvMaxTok; ++t)
+        if (t < a.n_tok) acc[t] += w * a.x[t * a.ldx + c];
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kGemvMaxTok; ++t) {
+    if (t >= a.n_tok) break;
+    const float s = warp_sum(acc[t]);
+    if (lane == 0) a.y[t * a.ldy + o] = s;
+  }
+}
+
+// dst[r, c] = W[r0 + r, c] for r < n_rows, as fp32 or bf16 (exact for the dtypes routed here).
+template <WK K, class T>
+__global__ void decode_rows_kernel(const void* w, const uint8_t* scale, int64_t in, int64_t r0, int64_t n_rows,
+                                   T* dst) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= n_rows * in) return;
+  const float v = weight_at<K>(w, scale, in, r0 + e / in, e % in);
+  if constexpr (sizeof(T) == 2) dst[e] = __float2bfloat16_rn(v);
+  else dst[e] = v;
+}
+
+// xb[t, i] = bf16(x[t, i]) for i < in, 0 up to ldb (x is bf16-exact in bf16 mode, so this is exact).
+__global__ void x_to_bf16_kernel(const float* x, int64_t ldx, int64_t in, int64_t n_tok, int64_t ldb,
+                                 __nv_bfloat16* xb) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= n_tok * ldb) return;
+  const int64_t t = e / ldb, i = e % ldb;
+  xb[e] = __float2bfloat16_rn(i < in ? x[t * ldx + i] : 0.f);
+}
+
+WK kind_of(const LinearWeight& W) {
+  if (W.is_mxfp4()) return WK::mxfp4;
+  switch (W.dtype) {
+    case DType::f32: return WK::f32;
+    case DType::bf16: return WK::bf16;
+    case DType::f16: return WK::f16;
+    case DType::f8_e4m3: return WK::fp8;
+    default: K3_ASSERT(!"linear_cuda: unsupported weight dtype");
+  }
+  return WK::f32;
+}
+
+template <WK K>
+void gemv(const LinearWeight& W, const GemvArgs& a, GpuContext& g) {
+  const bool vec = reinterpret_cast<uintptr_t>(W.w) % 16 == 0 && a.row_bytes % 16 == 0;
+  const unsigned grid = blocks_for(W.out, kGemvWarps);
+  if (vec) gemv_kernel<K, true><<<grid, kGemvWarps * 32, 0, g.stream>>>(a);
+  else gemv_kernel<K, false><<<grid, kGemvWarps * 32, 0, g.stream>>>(a);
+  K3_CUDA_LAUNCH_CHECK();
+}
+
+template <WK K, class T>
+void decode_rows(const LinearWeight& W, int64_t r0, int64_t n_rows, T* dst, GpuContext& g) {
+  decode_rows_kernel<K, T><<<blocks_for(n_rows * W.in, 256), 256, 0, g.stream>>>(W.w, W.scale, W.in, r0, n_rows, dst);
+  K3_CUDA_LAUNCH_CHECK();
+}
+
+template <class T>
+void decode_rows_any(WK k, const LinearWeight& W, int64_t r0, int64_t n_rows, T* dst, GpuContext& g) {
+  switch (k) {
+    case WK::f32: decode_rows<WK::f32>(W, r0, n_rows, dst, g); break;
+    case WK::bf16: decode_rows<WK::bf16>(W, r0, n_rows, dst, g); break;
+    case WK::f16: decode_rows<WK::f16>(W, r0, n_rows, dst, g); break;
+    case WK::fp8: decode_rows<WK::fp8>(W, r0, n_rows, dst, g); break;
+    case WK::mxfp4: decode_rows<WK::mxfp4>(W, r0, n_rows, dst, g); break;
+  }
+}
+
+void gemm(WK k, const LinearWeight& W, const LinearParams& p, int64_t ldx, int64_t ldy, GpuContext& g) {
+  auto* h = static_cast<cublasHandle_t>(g.cublas);
+  K3_ASSERT(h != nullptr);
+  K3_CUBLAS_ASSERT(cublasSetStream(h, g.stream));
+  K3_ASSERT(W.in < (int64_t(1) << 31) && W.out < (int64_t(1) << 31) && ldx < (int64_t(1) << 31) &&
+            ldy < (int64_t(1) << 31));
+  const bool bf16 = p.x_precision == Precision::bf16 && (k == WK::bf16 || k == WK::fp8 || k == WK::mxfp4);
+  const size_t esz = bf16 ? 2 : 4;
+  char* ws = static_cast<char*>(g.workspace);
+  size_t ws_left = g.workspace_bytes;
+  // the bf16 copy of x: every token if it fits in half the workspace, else token tiles
+  const int64_t ldb = (W.in + 7) / 8 * 8;
+  int64_t tok_tile = p.n_tok;
+  __nv_bfloat16* xb = nullptr;
+  if (bf16) {
+    tok_tile = std::min<int64_t>(p.n_tok, int64_t(g.workspace_bytes / 2 / size_t(ldb * 2)));
+    K3_ASSERT(tok_tile >= 1 && "linear_cuda: GPU workspace too small for one bf16 row of x");
+    xb = reinterpret_cast<__nv_bfloat16*>(ws);
+    const size_t used = (size_t(tok_tile * ldb * 2) + 255) / 256 * 256;
+    ws += used, ws_left -= used;
+  }
+  // W row tiles (a multiple of 64 rows when possible); f32 weights in fp32 mode are used in place
+  const bool in_place = !bf16 && k == WK::f32;
+  int64_t row_tile = W.out;
+  if (!in_place) {
+    row_tile = std::min<int64_t>(W.out, int64_t(ws_left / (size_t(W.in) * esz)));
+    if (row_tile > 64) row_tile = row_tile / 64 * 64;
+    K3_ASSERT(row_tile >= 1 && "linear_cuda: GPU workspace too small for one decoded weight row");
+  }
+  const float alpha = 1.f, beta = 0.f;
+  const cublasComputeType_t fp32_compute = g.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_PEDANTIC;
+  for (int64_t t0 = 0; t0 < p.n_tok; t0 += tok_tile) {
+    const int64_t nt = std::min(tok_tile, p.n_tok - t0);
+    if (bf16) {
+      x_to_bf16_kernel<<<blocks_for(nt * ldb, 256), 256, 0, g.stream>>>(p.x + t0 * ldx, ldx, W.in, nt, ldb, xb);
+      K3_CUDA_LAUNCH_CHECK();
+    }
+    for (int64_t r0 = 0; r0 < W.out; r0 += row_tile) {
+      const int64_t nr = std::min(row_tile, W.out - r0);
+      const void* A = static_cast<const float*>(W.w) + r0 * W.in;  // in place (f32 only)
+      if (bf16 && k == WK::bf16) {
+        A = static_cast<const uint16_t*>(W.w) + r0 * W.in;
+      } else if (bf16) {
+        decode_rows_any(k, W, r0, nr, reinterpret_cast<__nv_bfloat16*>(ws), g);
+        A = ws;
+      } else if (!in_place) {
+        decode_rows_any(k, W, r0, nr, reinterpret_cast<float*>(ws), g);
+        A = ws;
+      }
+      float* C = p.y + t0 * ldy + r0;
+      if (bf16)
+        K3_CUBLAS_ASSERT(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), int(nt), int(W.in), &alpha, A,
+                                      CUDA_R_16BF, int(W.in), xb, CUDA_R_16BF, int(ldb), &beta, C, CUDA_R_32F,
+                                      int(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      else
+        K3_CUBLAS_ASSERT(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), int(nt), int(W.in), &alpha, A,
+                                      CUDA_R_32F, int(W.in), p.x + t0 * ldx, CUDA_R_32F, int(ldx), &beta, C,
+                                      CUDA_R_32F, int(ldy), fp32_compute, CUBLAS_GEMM_DEFAULT));
+    }
+  }
+}
+
+}  // namespace
+
+void linear_cuda(const LinearWeight& W, const LinearParams& p, GpuContext& g) {
+  K3_ASSERT(!W.is_mxfp4() || W.in % 32 == 0);
+  K3_ASSERT(W.in > 0);
+  if (p.n_tok <= 0 || W.out <= 0) return;
+  const int64_t ldx = p.ldx ? p.ldx : W.in, ldy = p.ldy ? p.ldy : W.out;
+  const WK k = kind_of(W);
+  if (p.n_tok > kGemvMaxTok) return gemm(k, W, p, ldx, ldy, g);
+  GemvArgs a{W.w, W.scale, W.out, W.in, 0, p.x, ldx, p.y, ldy, int(p.n_tok), false};
+  a.row_bytes = k == WK::mxfp4 ? W.in / 2 : W.in * int64_t(k == WK::f32 ? 4 : k == WK::fp8 ? 1 : 2);
+  a.x_vec = reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && ldx % 4 == 0;
+  switch (k) {
+    case WK::f32: gemv<WK::f32>(W, a, g); break;
+    case WK::bf16: gemv<WK::bf16>(W, a, g); break;
+    case WK::f16: gemv<WK::f16>(W, a, g); break;
+    case WK::fp8: gemv<WK::fp8>(W, a, g); break;
+    case WK::mxfp4: gemv<WK::mxfp4>(W, a, g); break;
+  }
+}
+
+}  // namespace k3
