@@ -3,6 +3,7 @@
 # that travels is limited to 64 MiB; a tracked file missing from the tree does not travel). Undo with
 # scripts/device-restore.sh. Idempotent.
 set -euo pipefail
+if [ -f /tmp/k3-device-notice ] && [ "${K3_DEVICE_OK:-0}" != 1 ]; then cat /tmp/k3-device-notice >&2; exit 3; fi
 here=$(cd "$(dirname "$0")/.." && pwd)
 aside=/tmp/k3-models-aside
 mkdir -p "$aside"
