@@ -1,13 +1,14 @@
 """report.py: merges bench_kda's and bench_fla's JSON (same run) into bench/results/kda_cuda.jsonl lines
 and a markdown table with the ratios and goals of issue 6.
 
-    python3 report.py ours.json fla.json COMMIT MACHINE > lines.jsonl   (the table goes to stderr)
+    python3 report.py ours.json fla.json COMMIT MACHINE [VARIANT] > lines.jsonl   (the table goes to stderr)
 """
 import json
 import sys
 
 ours, fla = (json.load(open(p)) for p in sys.argv[1:3])
 commit, machine = sys.argv[3], sys.argv[4]
+variant = sys.argv[5] if len(sys.argv) > 5 else None
 
 
 def val(d, k):
@@ -61,5 +62,8 @@ for m, o, u, peer, pv, ratio, goal, met in rows:
     f = lambda x: "" if x is None else f"{x:.4g}"
     print(f"| {m} | {f(o)} | {u} | {peer or ''} | {f(pv)} | {f(ratio)} | {goal or ''} | "
           f"{'' if met is None else ('yes' if met else 'no')} |", file=sys.stderr)
-    print(json.dumps({"bench": "kda_cuda", "commit": commit, "machine": machine, "metric": m, "value": o,
-                      "unit": u, "peer": peer, "peer_value": pv, "ratio": ratio, "goal": goal, "met": met}))
+    line = {"bench": "kda_cuda", "commit": commit, "machine": machine, "metric": m, "value": o, "unit": u,
+            "peer": peer, "peer_value": pv, "ratio": ratio, "goal": goal, "met": met}
+    if variant:
+        line["variant"] = variant
+    print(json.dumps(line))

@@ -145,9 +145,13 @@ __device__ inline float bf16_at(const uint16_t* base, int i) {
   return __uint_as_float(uint32_t(base[i]) << 16);
 }
 
-// Phase 1: A and L, one 16-row block a at a time.
-__device__ void intra_chunk(float* sm, int a) {
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+// Phase 1: A and L, one 16-row block a at a time. Each thread keeps one channel d (NT is a multiple of 128).
+// The column factors of the earlier blocks move from reference R_{a-1} to R_a by one factor
+// exp(R_a - R_{a-1}) <= 1 instead of new exps.
+template <int a>
+__device__ __forceinline__ void intra_chunk(float* sm) {
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, d = tid & 127, r0 = tid >> 7;
+  constexpr int RS = NT / 128;  // rows per pass
   const float* G = sm + OFF_G;
   const uint16_t* Qb = reinterpret_cast<const uint16_t*>(sm + OFF_QV);
   const uint16_t* Kb = Qb + C * DK;
@@ -157,44 +161,56 @@ __device__ void intra_chunk(float* sm, int a) {
   float* Kr = Qr + 16 * LDR;
   float* A = sm + OFF_A;
   const float* beta = sm + OFF_BETA;
-  const float* R = G + 16 * a * LDR;
-  for (int e = tid; e < 16 * DK; e += NT) {  // rows of block a against their reference
-    const int r = e >> 7, d = e & 127, i = 16 * a + r;
-    const float f = __expf(G[i * LDR + d] - R[d]);
+  const float Rd = G[16 * a * LDR + d];
+#pragma unroll
+  for (int r = r0; r < 16; r += RS) {  // rows of block a against their reference
+    const int i = 16 * a + r;
+    const float f = __expf(G[i * LDR + d] - Rd);
     Qr[r * LDR + d] = bf16_at(Qb, i * DK + d) * f;
     Kr[r * LDR + d] = bf16_at(Kb, i * DK + d) * f;
   }
-  const int n_col = 16 * (a + 1);
-  for (int e = tid; e < n_col * DK; e += NT) {  // columns j <= end of block a
-    const int j = e >> 7, d = e & 127;
-    Kc[j * LDR + d] = bf16_at(Kb, j * DK + d) * __expf(R[d] - G[j * LDR + d]);
+  if constexpr (a > 0) {
+    const float f = __expf(Rd - G[16 * (a - 1) * LDR + d]);
+#pragma unroll
+    for (int j = r0; j < 16 * a; j += RS) Kc[j * LDR + d] *= f;
   }
-  for (int e = tid; e < 16 * (C - n_col); e += NT) {  // the rest of the rows of A and L is zero
-    const int r = e / (C - n_col), j = n_col + e % (C - n_col);
-    A[(16 * a + r) * LDC + j] = 0.f;
-    L[(16 * a + r) * LDC + j] = 0.f;
+#pragma unroll
+  for (int j = 16 * a + r0; j < 16 * (a + 1); j += RS)  // columns of block a
+    Kc[j * LDR + d] = bf16_at(Kb, j * DK + d) * __expf(Rd - G[j * LDR + d]);
+  constexpr int n_col = 16 * (a + 1), n_zero = C - n_col;
+  if constexpr (n_zero > 0) {
+    for (int e = tid; e < 16 * n_zero; e += NT) {  // the rest of the rows of A and L is zero
+      const int r = e / n_zero, j = n_col + e % n_zero;
+      A[(16 * a + r) * LDC + j] = 0.f;
+      L[(16 * a + r) * LDC + j] = 0.f;
+    }
   }
   __syncthreads();
-  const int g = lane >> 2, t = lane & 3, n_tile = 2 * (a + 1);
-  for (int tile = warp; tile < 2 * n_tile; tile += NT / 32) {
+  const int g = lane >> 2, t = lane & 3;
+  constexpr int n_tile = 2 * (a + 1);
+  for (int tile = warp; tile < 2 * n_tile; tile += NW) {
     const bool is_l = tile >= n_tile;
     const int j0 = 8 * (tile % n_tile);
     const float* X = is_l ? Kr : Qr;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-    for (int k0 = 0; k0 < DK; k0 += 8) {
-      uint32_t af[4], bf[2];
+    float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc2[4] = {0.f, 0.f, 0.f, 0.f};  // two chains of 8 MMAs
+#pragma unroll
+    for (int k0 = 0; k0 < DK; k0 += 16) {
+      uint32_t af[4], bf[2], af2[4], bf2[2];
       mma_load_a(af, X, LDR, 0, k0);
       mma_load_b_nk(bf, Kc, LDR, k0, j0);
+      mma_load_a(af2, X, LDR, 0, k0 + 8);
+      mma_load_b_nk(bf2, Kc, LDR, k0 + 8, j0);
       mma_tf32(acc, af, bf);
+      mma_tf32(acc2, af2, bf2);
     }
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int i = 16 * a + g + 8 * (c >> 1), j = j0 + 2 * t + (c & 1);
+      const float x = acc[c] + acc2[c];
       if (is_l)
-        L[i * LDC + j] = j < i ? beta[i] * acc[c] : 0.f;
+        L[i * LDC + j] = j < i ? beta[i] * x : 0.f;
       else
-        A[i * LDC + j] = j <= i ? acc[c] : 0.f;
+        A[i * LDC + j] = j <= i ? x : 0.f;
     }
   }
   __syncthreads();
@@ -313,17 +329,22 @@ __global__ void __launch_bounds__(NT, 1) kda_prefill_kernel(const KdaPrefillPara
     __syncthreads();
     PROF(1)
     // Phase 1, 2: A, L; T.
-    for (int a = 0; a < 4; ++a) intra_chunk(sm, a);
+    intra_chunk<0>(sm);
+    intra_chunk<1>(sm);
+    intra_chunk<2>(sm);
+    intra_chunk<3>(sm);
     PROF(2)
     invert(sm);
     PROF(3)
     // Phase 3: Qe = exp(G) q (in place of G), Bk = beta exp(G) k, Kd = exp(G_C - G) k.
+    const float GCd = GC[tid & 127];
+#pragma unroll 8
     for (int e = tid; e < C * DK; e += NT) {
       const int i = e >> 7, d = e & 127;
       const float Gv = G[i * LDR + d], kv = bf16_at(Kb, i * DK + d), eg = __expf(Gv);
       G[i * LDR + d] = eg * bf16_at(Qb, i * DK + d);
       Bk[i * LDR + d] = beta[i] * eg * kv;
-      Kd[i * LDK + d] = __expf(GC[d] - Gv) * kv;
+      Kd[i * LDK + d] = __expf(GCd - Gv) * kv;
     }
     __syncthreads();
 #pragma unroll
