@@ -1,0 +1,119 @@
+// test_dist_tp.cpp: tensor and expert parallelism with in-process ranks give the single-rank logits.
+//
+// For tiny-kl, tiny-k3, tiny-k31 (and the K3 models read with 4 KDA heads, so TP = 4 divides every head
+// count): TP = 2, 4 where tp_check allows it, EP = 2, 4 (round robin and load-balanced placement), and
+// TP = 2 x EP = 2 on the same ranks. fp32 mode, every row's logits, NMSE <= 1e-6 against one rank; every
+// rank ends with bit-identical logits (replicated activations).
+#include <gtest/gtest.h>
+
+#include "dist/ep.h"
+#include "dist/shard.h"
+#include "dist/tp.h"
+#include "test_dist_util.h"
+
+namespace k3 {
+namespace {
+
+using namespace disttest;
+
+std::vector<float> single_rank(const Checkpoint& ck, const std::vector<int32_t>& tok) {
+  auto m = Model::load(ck, test_options());
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  if (!m.ok()) return {};
+  auto st = (*m)->new_state();
+  std::vector<float> logits;
+  EXPECT_TRUE((*m)->forward(*st, tok.data(), int64_t(tok.size()), &logits, true).ok());
+  return logits;
+}
+
+// n ranks; tp / ep in {1, n}. Returns rank 0's logits after checking every rank got the same bits.
+std::vector<float> sharded(const Checkpoint& ck, int tp, int ep, const std::vector<int32_t>& tok,
+                           std::span<const double> load = {}) {
+  const int n = std::max(tp, ep);
+  auto comms = make_inproc_comms(n);
+  std::vector<std::vector<float>> out(static_cast<size_t>(n));
+  std::vector<std::string> err(static_cast<size_t>(n));
+  run_ranks(n, [&](int r) {
+    ShardPlan plan;
+    if (tp > 1) plan.tp = comms[size_t(r)].get();
+    if (ep > 1) {
+      plan.ep = comms[size_t(r)].get();
+      plan.owner = ep_placement(ck.config().moe.n_expert, ep, load);
+    }
+    ShardHooks hooks(plan);
+    ModelOptions opt = test_options();
+    opt.parallel = &hooks;
+    auto m = Model::load(ck, opt, shard_transform(plan));
+    if (!m.ok()) {
+      err[size_t(r)] = m.status().message();
+      return;
+    }
+    if (tp > 1 && (*m)->config().kda.n_head * tp != ck.config().kda.n_head) err[size_t(r)] = "KDA heads not sharded";
+    auto st = (*m)->new_state();
+    Status s = (*m)->forward(*st, tok.data(), int64_t(tok.size()), &out[size_t(r)], true);
+    if (!s.ok()) err[size_t(r)] = s.message();
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(err[size_t(r)].empty()) << "rank " << r << ": " << err[size_t(r)];
+    EXPECT_TRUE(out[size_t(r)] == out[0]) << "rank " << r << " differs from rank 0";
+  }
+  return out[0];
+}
+
+void check_model(const Checkpoint& ck, const char* name) {
+  const auto tok = random_tokens(37, ck.config().n_vocab, 11);
+  const std::vector<float> ref = single_rank(ck, tok);
+  ASSERT_FALSE(ref.empty());
+  int tested_tp = 0;
+  for (int tp : {2, 4}) {
+    if (!tp_check(ck.config(), tp).ok()) continue;
+    ++tested_tp;
+    EXPECT_LE(nmse(sharded(ck, tp, 1, tok), ref), 1e-6) << name << " TP=" << tp;
+  }
+  EXPECT_GT(tested_tp, 0) << name;
+  for (int ep : {2, 4}) EXPECT_LE(nmse(sharded(ck, 1, ep, tok), ref), 1e-6) << name << " EP=" << ep;
+  const std::vector<double> load = {5, 1, 9, 2, 7, 3, 8, 4};
+  if (ck.config().moe.n_expert == 8) {
+    EXPECT_LE(nmse(sharded(ck, 1, 4, tok, load), ref), 1e-6) << name << " EP=4 balanced";
+  }
+  if (tp_check(ck.config(), 2).ok()) {
+    EXPECT_LE(nmse(sharded(ck, 2, 2, tok), ref), 1e-6) << name << " TP=2 x EP=2";
+  }
+}
+
+TEST(DistTp, TinyKl) {
+  auto ck = open_tiny("tiny-kl");
+  ASSERT_TRUE(ck);
+  check_model(*ck, "tiny-kl");
+}
+
+TEST(DistTp, TinyK3) {
+  auto ck = open_tiny("tiny-k3");
+  ASSERT_TRUE(ck);
+  check_model(*ck, "tiny-k3");
+  RegroupedKda h4(*ck);
+  ASSERT_TRUE(tp_check(h4.config(), 4).ok());
+  check_model(h4, "tiny-k3 (4 KDA heads)");
+}
+
+TEST(DistTp, TinyK31) {
+  auto ck = open_tiny("tiny-k31");
+  ASSERT_TRUE(ck);
+  check_model(*ck, "tiny-k31");
+  RegroupedKda h4(*ck);
+  ASSERT_TRUE(tp_check(h4.config(), 4).ok());
+  check_model(h4, "tiny-k31 (4 KDA heads)");
+}
+
+TEST(DistTp, RejectsDegreesThatDoNotDivide) {
+  auto ck = open_tiny("tiny-kl");
+  ASSERT_TRUE(ck);
+  Status s = tp_check(ck->config(), 3);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("does not divide"), std::string::npos) << s.message();
+  auto m = Model::load(*ck, test_options(), [](ModelConfig& c, ModelWeights& w) { return tp_shard(c, w, 0, 3); });
+  EXPECT_FALSE(m.ok());
+}
+
+}  // namespace
+}  // namespace k3
