@@ -2,8 +2,9 @@
 //
 // For tiny-kl, tiny-k3, tiny-k31 (and the K3 models read with 4 KDA heads, so TP = 4 divides every head
 // count): TP = 2, 4 where tp_check allows it, EP = 2, 4 (round robin and load-balanced placement), and
-// TP = 2 x EP = 2 on the same ranks. fp32 mode, every row's logits, NMSE <= 1e-6 against one rank; every
-// rank ends with bit-identical logits (replicated activations).
+// TP = 2 x EP = 2 on the same ranks. fp32 mode: a prefill (every row's logits) then two decoded tokens
+// (absorbed MLA, recurrent KDA), NMSE <= 1e-6 against one rank; every rank ends with bit-identical logits
+// (replicated activations).
 #include <gtest/gtest.h>
 
 #include "dist/ep.h"
@@ -21,8 +22,12 @@ std::vector<float> single_rank(const Checkpoint& ck, const std::vector<int32_t>&
   EXPECT_TRUE(m.ok()) << m.status().message();
   if (!m.ok()) return {};
   auto st = (*m)->new_state();
-  std::vector<float> logits;
-  EXPECT_TRUE((*m)->forward(*st, tok.data(), int64_t(tok.size()), &logits, true).ok());
+  std::vector<float> logits, step;
+  EXPECT_TRUE((*m)->forward(*st, tok.data(), int64_t(tok.size()) - 2, &logits, true).ok());
+  for (size_t t = tok.size() - 2; t < tok.size(); ++t) {  // decode: absorbed MLA, recurrent KDA
+    EXPECT_TRUE((*m)->forward(*st, &tok[t], 1, &step, false).ok());
+    logits.insert(logits.end(), step.begin(), step.end());
+  }
   return logits;
 }
 
@@ -50,7 +55,12 @@ std::vector<float> sharded(const Checkpoint& ck, int tp, int ep, const std::vect
     }
     if (tp > 1 && (*m)->config().kda.n_head * tp != ck.config().kda.n_head) err[size_t(r)] = "KDA heads not sharded";
     auto st = (*m)->new_state();
-    Status s = (*m)->forward(*st, tok.data(), int64_t(tok.size()), &out[size_t(r)], true);
+    std::vector<float> step;
+    Status s = (*m)->forward(*st, tok.data(), int64_t(tok.size()) - 2, &out[size_t(r)], true);
+    for (size_t t = tok.size() - 2; s.ok() && t < tok.size(); ++t) {
+      s = (*m)->forward(*st, &tok[t], 1, &step, false);
+      out[size_t(r)].insert(out[size_t(r)].end(), step.begin(), step.end());
+    }
     if (!s.ok()) err[size_t(r)] = s.message();
   });
   for (int r = 0; r < n; ++r) {
