@@ -77,6 +77,17 @@ def main(argv=None):
     if a.k31:
         lines.append(f"- dense-attention perplexity {acc['pytorch_ppl_dense']:.4f}: DSA "
                      f"{acc['dsa_vs_dense'] * 100:+.2f}%")
+        ix = acc.get("index_sets")
+        if isinstance(ix, dict):
+            lines.append(f"- DSA selected index sets, engine vs PyTorch: {ix['rows_equal']:,} of {ix['rows']:,} "
+                         f"query rows identical ({ix['windows']} windows x {ix['dsa_layers']} DSA layers, "
+                         f"{ix['rows_selecting']:,} rows past index_topk where the indexer selects; "
+                         f"{ix['windows_layers_all_equal']} of {ix['windows_layers']} window/layer pairs "
+                         f"identical in every row)")
+    checks = acc.get("checks", {})
+    if checks:
+        lines.append("- acceptance checks (training/acceptance.py): " + ", ".join(
+            f"{k} {'pass' if v else 'FAIL'}" for k, v in checks.items()))
     lines += ["", "## Licence", "",
               "Weights and tokenizer trained by the k3.cpp project (licence of the repository) from public-domain "
               "texts and the PSF-licensed Python 3.11 documentation; sources and licences in data/SOURCES.md.", ""]

@@ -33,10 +33,13 @@ def main(argv):
         ax2 = ax.twinx()
         ax2.plot([r["step"] for r in val], [r["val_ppl_16w"] for r in val], "o-", color="tab:red",
                  label="held-out ppl (16 windows)")
+        if "held_out" in s:
+            ax2.plot([s["steps"]], [s["held_out"]["ppl"]], "D", color="tab:purple",
+                     label=f"final held-out ppl ({s['held_out']['windows']} windows)")
         ax2.set_yscale("log")
         ax2.set_ylabel("held-out perplexity")
-        ax2.legend(loc="upper center")
-    ax.legend(loc="upper right")
+        ax2.legend(loc="center right")
+    ax.legend(loc="upper center")
     if stages:
         ax = axes[0][1]
         kl_ax = ax.twinx()

@@ -6,6 +6,23 @@
 #include <numeric>
 
 namespace k3 {
+namespace {
+
+// Trace "dsa_sel" [n_tok, topk]: the positions the main attention reads per query, as floats, -1 for unused
+// (a query with n_vis <= topk reads 0..n_vis-1). Built only when a trace hook is set.
+void trace_sel(const Ctx& c, int layer, const std::vector<int32_t>* sel, int64_t n_past, int64_t n_tok,
+               int64_t topk) {
+  if (!c.trace || !*c.trace) return;
+  std::vector<float> f(size_t(n_tok * topk), -1.f);
+  for (int64_t i = 0; i < n_tok; ++i)
+    for (int64_t s = 0; s < topk; ++s) {
+      const int32_t p = sel ? (*sel)[size_t(i * topk + s)] : (s <= n_past + i ? int32_t(s) : -1);
+      f[size_t(i * topk + s)] = float(p);
+    }
+  c.cb("dsa_sel", layer, f.data(), int64_t(f.size()));
+}
+
+}  // namespace
 
 Status bind_dsa(Binder& b, const ModelConfig& cfg, DsaWeights* w) {
   const int64_t Hi = cfg.dsa.n_head, Di = cfg.dsa.d_head, D = cfg.d_model;
@@ -27,7 +44,10 @@ bool dsa_select(const Ctx& c, const ModelConfig& cfg, const DsaWeights& w, const
   c.rnd(kI.data(), int64_t(kI.size()));
   c.cb("dsa_k", layer, kI.data(), int64_t(kI.size()));
   index_k.insert(index_k.end(), kI.begin(), kI.end());
-  if (n_past + n_tok <= topk) return false;
+  if (n_past + n_tok <= topk) {
+    trace_sel(c, layer, nullptr, n_past, n_tok, topk);
+    return false;
+  }
 
   std::vector<float> qI, a;
   linear(c, w.wq_b, cq, n_tok, qI);
@@ -64,6 +84,7 @@ bool dsa_select(const Ctx& c, const ModelConfig& cfg, const DsaWeights& w, const
     std::sort(idx.begin(), idx.begin() + topk);
     std::copy(idx.begin(), idx.begin() + topk, out);
   }
+  trace_sel(c, layer, sel, n_past, n_tok, topk);
   return true;
 }
 

@@ -2,13 +2,20 @@
 //
 //   k3 logits -m DIR (--tokens 1,2,3 | --tokens-file F.npy | -p TEXT) -o OUT.npy
 //             [--precision fp32|bf16] [--decode-path] [--chunk N] [--mla absorbed|unabsorbed] [-t THREADS]
-//             [--device cpu|cuda]
+//             [--device cpu|cuda] [--trace-out DIR [--dump NAME]...]
 //
 // OUT.npy: float32 [T, n_vocab], row t = logits after token t. One-shot prefill by default; --decode-path
 // feeds one token per call; --chunk N prefills in pieces of N (each continuing from the state). The tokens
 // file is a 1-D (or [1, T]) .npy of int32/int64/uint32. -p encodes TEXT with DIR's tokenizer (no specials).
+// --trace-out DIR (CPU only) writes the model's named intermediates (ModelOptions::trace) as
+// DIR/<name>-L<layer>.npy, float32 [T, n per token] over all forward calls (1-D when a call's size is not a
+// multiple of its tokens); --dump NAME (repeatable) keeps only those names, e.g. --dump dsa_sel: the DSA
+// selected positions [T, topk], -1 for unused.
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -50,9 +57,45 @@ Result<std::vector<int32_t>> parse_token_list(const std::string& s) {
 }
 
 struct Args {
-  std::string model, tokens, tokens_file, prompt, out, precision = "fp32", mla, device = "cpu";
+  std::string model, tokens, tokens_file, prompt, out, precision = "fp32", mla, device = "cpu", trace_out;
+  std::vector<std::string> dump;
   bool decode_path = false;
   int chunk = 0, threads = 0;
+};
+
+// Collects traced intermediates per (name, layer), one forward call after another.
+struct TraceSink {
+  std::set<std::string> names;  // empty: every name
+  int64_t n_tok = 0;            // tokens of the current forward call
+  std::map<std::pair<std::string, int>, std::vector<float>> data;
+  std::map<std::pair<std::string, int>, int64_t> width;  // per-token width; 0: not per token (1-D)
+
+  void add(const char* name, int layer, const float* x, int64_t n) {
+    if (!names.empty() && !names.count(name)) return;
+    const auto key = std::make_pair(std::string(name), layer);
+    const int64_t w = (n_tok > 0 && n % n_tok == 0) ? n / n_tok : 0;
+    auto it = width.find(key);
+    if (it == width.end())
+      width[key] = w;
+    else if (it->second != w)
+      it->second = 0;
+    auto& d = data[key];
+    d.insert(d.end(), x, x + n);
+  }
+
+  Status write(const std::string& dir) const {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return error(Code::invalid_argument, "--trace-out " + dir + ": " + ec.message());
+    for (const auto& [key, d] : data) {
+      const int64_t w = width.at(key);
+      const std::vector<int64_t> shape =
+          w > 0 ? std::vector<int64_t>{int64_t(d.size()) / w, w} : std::vector<int64_t>{int64_t(d.size())};
+      const std::string path = dir + "/" + key.first + "-L" + std::to_string(key.second) + ".npy";
+      K3_RETURN_IF_ERROR(write_npy(path, d.data(), shape));
+    }
+    return ok_status();
+  }
 };
 
 Status run(const Args& a) {
@@ -71,6 +114,14 @@ Status run(const Args& a) {
     return error(Code::invalid_argument, "--mla must be absorbed or unabsorbed");
   if (a.chunk < 0) return error(Code::invalid_argument, "--chunk must be positive");
   opt.n_threads = a.threads;
+  TraceSink sink;
+  if (!a.trace_out.empty()) {
+    if (a.device != "cpu") return error(Code::invalid_argument, "--trace-out: CPU only (--device cpu)");
+    sink.names.insert(a.dump.begin(), a.dump.end());
+    opt.trace = [&sink](const char* name, int layer, const float* x, int64_t n) { sink.add(name, layer, x, n); };
+  } else if (!a.dump.empty()) {
+    return error(Code::invalid_argument, "--dump needs --trace-out DIR");
+  }
 
   std::vector<int32_t> tokens;
   if (!a.tokens.empty()) {
@@ -102,11 +153,13 @@ Status run(const Args& a) {
   const int64_t step = a.decode_path ? 1 : (a.chunk > 0 ? a.chunk : T);
   for (int64_t t0 = 0; t0 < T; t0 += step) {
     const int64_t n = std::min(step, T - t0);
+    sink.n_tok = n;
     K3_RETURN_IF_ERROR(gmodel ? gmodel->forward(*gstate, tokens.data() + t0, n, &part, true)
                               : model->forward(*state, tokens.data() + t0, n, &part, true));
     all.insert(all.end(), part.begin(), part.end());
   }
-  return write_npy(a.out, all.data(), {T, V});
+  K3_RETURN_IF_ERROR(write_npy(a.out, all.data(), {T, V}));
+  return a.trace_out.empty() ? ok_status() : sink.write(a.trace_out);
 }
 
 }  // namespace
@@ -125,6 +178,8 @@ void add_logits(CLI::App& app) {
   cmd->add_option("--mla", args->mla, "force the MLA path: absorbed | unabsorbed");
   cmd->add_option("-t,--threads", args->threads, "threads (default: all cores)");
   cmd->add_option("--device", args->device, "cpu | cuda (default cpu)");
+  cmd->add_option("--trace-out", args->trace_out, "write named intermediates as DIR/<name>-L<layer>.npy (CPU)");
+  cmd->add_option("--dump", args->dump, "with --trace-out: only this name (repeatable), e.g. dsa_sel");
   cmd->callback([args] {
     Status s = run(*args);
     if (!s.ok()) {
