@@ -116,6 +116,7 @@ std::optional<ApiError> parse_gen(const json& b, int32_t n_vocab, GenParams* g) 
     }
   }
   K3_TRY(get_bool(b, "ignore_eos", &g->ignore_eos));
+  K3_TRY(get_bool(b, "return_token_ids", &g->return_token_ids));
   K3_TRY(get_bool(b, "stream", &g->stream));
   if (b.contains("stream_options") && b["stream_options"].is_object())
     K3_TRY(get_bool(b["stream_options"], "include_usage", &g->include_usage));
@@ -188,6 +189,13 @@ std::optional<ApiError> parse_chat(const json& b, int32_t n_vocab, ChatRequest* 
     K3_TRY(parse_message(b["messages"][i], i, &m));
     out->messages.push_back(std::move(m));
   }
+  GenParams& g = out->gen;
+  K3_TRY(get_bool(b, "logprobs", &g.logprobs));
+  int64_t top = 0;
+  K3_TRY(get_int(b, "top_logprobs", 0, 20, &top));
+  if (top > 0 && !g.logprobs) return bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  g.top_logprobs = int(top);
+  g.sampling.n_top_logprobs = g.top_logprobs;
   ChatOptions& o = out->options;
   if (b.contains("tools") && !b["tools"].is_null()) {
     if (!b["tools"].is_array()) return bad("tools", "'tools' must be a list");
@@ -218,23 +226,50 @@ std::optional<ApiError> parse_completion(const json& b, int32_t n_vocab, Complet
   if (!b.is_object()) return bad("", "the request body must be a JSON object");
   K3_TRY(parse_gen(b, n_vocab, &out->gen));
   if (!b.contains("prompt")) return bad("prompt", "'prompt' is required");
-  json p = b["prompt"];
-  if (p.is_array() && p.size() == 1 && (p[0].is_string() || p[0].is_array())) p = p[0];
-  if (p.is_string()) {
-    out->prompt_text = p.get<std::string>();
-  } else if (p.is_array() && !p.empty() &&
-             std::all_of(p.begin(), p.end(), [](const json& x) { return x.is_number_integer(); })) {
+  const json& p = b["prompt"];
+  auto ids_of = [&](const json& x, CompletionPrompt* cp) -> std::optional<ApiError> {
     std::vector<int32_t> ids;
-    for (const json& x : p) {
-      if (x.get<int64_t>() < 0 || x.get<int64_t>() >= n_vocab)
+    for (const json& t : x) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= n_vocab)
         return bad("prompt", "'prompt' holds a value that is not a token id");
-      ids.push_back(x.get<int32_t>());
+      ids.push_back(t.get<int32_t>());
     }
-    out->prompt_ids = std::move(ids);
+    cp->ids = std::move(ids);
+    return std::nullopt;
+  };
+  const char* shape = "'prompt' must be a string, a list of token ids, or a non-empty list of those";
+  if (p.is_string()) {
+    out->prompts.push_back({p.get<std::string>(), std::nullopt});
+  } else if (p.is_array() && !p.empty() && p[0].is_number()) {  // one prompt of ids
+    out->prompts.emplace_back();
+    K3_TRY(ids_of(p, &out->prompts.back()));
+  } else if (p.is_array() && !p.empty()) {  // a list of prompts
+    for (const json& x : p) {
+      out->prompts.emplace_back();
+      if (x.is_string()) {
+        out->prompts.back().text = x.get<std::string>();
+      } else if (x.is_array() && !x.empty()) {
+        K3_TRY(ids_of(x, &out->prompts.back()));
+      } else {
+        return bad("prompt", shape);
+      }
+    }
   } else {
-    return bad("prompt", "'prompt' must be a string or a list of token ids (one prompt per request)");
+    return bad("prompt", shape);
+  }
+  if (int64_t(out->prompts.size()) * out->gen.n > kMaxChoices)
+    return bad("n", "prompts x n must be at most " + std::to_string(kMaxChoices));
+  if (b.contains("logprobs") && !b["logprobs"].is_null()) {
+    if (b["logprobs"].is_boolean()) return bad("logprobs", "'logprobs' must be an integer in [0, 5]");
+    int64_t k = 0;
+    K3_TRY(get_int(b, "logprobs", 0, 5, &k));
+    out->gen.logprobs = true;
+    out->gen.top_logprobs = int(k);
+    out->gen.sampling.n_top_logprobs = int(k);
   }
   K3_TRY(get_bool(b, "echo", &out->echo));
+  if (out->echo && out->gen.logprobs)
+    return bad("echo", "'echo' with 'logprobs' is not supported: prompt log-probabilities are not computed");
   if (out->gen.max_tokens < 0) out->gen.max_tokens = 16;  // OpenAI's default [decision, FORMATS §4.5]
   return std::nullopt;
 }

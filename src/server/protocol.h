@@ -3,11 +3,14 @@
 //   chat:        model, messages[] (content: string | null | [{"type":"text","text"}]), tools, tool_choice,
 //                chat_template_kwargs {thinking | enable_thinking, thinking_effort}, reasoning_effort
 //                (none -> thinking off, minimal -> low, medium -> high), response_format
-//   completions: model, prompt (string | int[] | a list of one of them), echo; suffix -> 400
+//                logprobs (bool), top_logprobs [0, 20] (needs logprobs: true)
+//   completions: model, prompt (string | int[] | a list of strings / int[], one choice set per prompt),
+//                echo, logprobs (int [0, 5]: top alternatives; echo with logprobs -> 400); suffix -> 400
 //   both:        max_tokens = max_completion_tokens, n, temperature [0, 2], top_p, top_k, min_p,
 //                presence/frequency/repetition penalty, logit_bias, seed, stop (string | <= 4 strings),
-//                stop_token_ids, ignore_eos, stream, stream_options.include_usage
-// A wrong type or value is an ApiError (400) naming the field in `param`; unknown fields are ignored.
+//                stop_token_ids, ignore_eos, stream, stream_options.include_usage, return_token_ids (vLLM)
+// prompts x n <= kMaxChoices. A wrong type or value is an ApiError (400) naming the field in `param`;
+// unknown fields are ignored.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +36,8 @@ struct ApiError {
 };
 json error_body(const ApiError& e);
 
+inline constexpr int kMaxChoices = 64;  // prompts x n of one request
+
 struct GenParams {
   std::string model;    // "" when absent
   int max_tokens = -1;  // -1: the endpoint's default
@@ -43,6 +48,9 @@ struct GenParams {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   bool stream = false, include_usage = false;
+  bool logprobs = false;  // report log_softmax(raw logits) of each generated token
+  int top_logprobs = 0;   // and this many best alternatives (chat 0..20, completions 0..5)
+  bool return_token_ids = false;
 };
 
 struct ChatRequest {
@@ -51,10 +59,14 @@ struct ChatRequest {
   ChatOptions options;
 };
 
+struct CompletionPrompt {
+  std::string text;                         // when given as text
+  std::optional<std::vector<int32_t>> ids;  // when given as ids
+};
+
 struct CompletionRequest {
   GenParams gen;
-  std::string prompt_text;                         // when given as text
-  std::optional<std::vector<int32_t>> prompt_ids;  // when given as ids
+  std::vector<CompletionPrompt> prompts;  // >= 1
   bool echo = false;
 };
 

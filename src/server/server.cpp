@@ -13,6 +13,8 @@
 #include <thread>
 
 #include "engine/runner.h"
+#include "server/metrics.h"
+#include "server/peer.h"
 #include "server/protocol.h"
 #include "server/session.h"
 
@@ -28,7 +30,9 @@ struct Server::Impl {
   std::unique_ptr<Scheduler> sched;
   httplib::Server http;
   std::thread engine;
-  std::atomic<bool> stopping{false};
+  std::atomic<bool> stopping{false};  // the engine thread ends
+  std::atomic<bool> draining{false};  // stop() was called: refuse new work, finish or cancel the rest
+  std::atomic<int64_t> drain_deadline_ns{0};
   std::mutex wake_mu;
   std::condition_variable wake;
   int64_t created = 0;
@@ -56,7 +60,13 @@ struct Server::Impl {
   }
 
   void engine_loop() {
+    bool cancelled_all = false;
     while (!stopping) {
+      if (draining && !cancelled_all &&
+          std::chrono::steady_clock::now().time_since_epoch().count() >= drain_deadline_ns) {
+        sched->cancel_all();  // the grace period is over
+        cancelled_all = true;
+      }
       const bool worked = sched->step();
       metrics.running = sched->n_running();
       metrics.waiting = sched->n_waiting();
@@ -159,10 +169,19 @@ void Server::Impl::routes() {
   http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     auto body = parse_body(req, res);
     if (!body) return;
-    if (!body->is_object() || !body->contains("prompt") || !(*body)["prompt"].is_string())
-      return send_error(res, {400, "'prompt' must be a string", "invalid_request_error", "prompt", ""});
-    std::vector<int32_t> ids =
-        tok.encode((*body)["prompt"].get<std::string>(), body->value("add_special_tokens", false));
+    std::vector<int32_t> ids;
+    if (body->is_object() && body->contains("messages")) {  // vLLM: the rendered chat prompt
+      ChatRequest cr;
+      if (auto e = parse_chat(*body, model.config().n_vocab, &cr)) return send_error(res, *e);
+      auto r = tmpl.render(cr.messages, cr.options);
+      if (!r.ok()) return send_error(res, {400, r.status().message(), "invalid_request_error", "messages", ""});
+      ids = std::move(r).value();
+    } else if (body->is_object() && body->contains("prompt") && (*body)["prompt"].is_string()) {
+      ids = tok.encode((*body)["prompt"].get<std::string>(), body->value("add_special_tokens", false));
+    } else {
+      return send_error(res, {400, "'prompt' must be a string (or give 'messages')", "invalid_request_error",
+                              "prompt", ""});
+    }
     send_json(res, 200, {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", opt.n_ctx}});
   });
   http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
@@ -185,10 +204,25 @@ void Server::Impl::routes() {
     return [this, chat](const httplib::Request& req, httplib::Response& res) {
       auto body = parse_body(req, res);
       if (!body) return;
-      SessionEnv env{
-          model.config(), tok,     tmpl,    opt.model_id,
-          opt.n_ctx,      created, metrics, [this](const std::shared_ptr<Request>& r) { return submit(r); }};
       metrics.requests++;
+      if (draining) {
+        metrics.errors++;
+        return send_error(res, {503, "the server is shutting down", "server_error", "", "server_shutting_down"});
+      }
+      int fd = -2;  // not looked up yet
+      SessionEnv env{model.config(),
+                     tok,
+                     tmpl,
+                     opt.model_id,
+                     opt.n_ctx,
+                     created,
+                     metrics,
+                     [this](const std::shared_ptr<Request>& r) { return submit(r); },
+                     opt.timeout_s,
+                     [&req, &fd] {
+                       if (fd == -2) fd = find_socket(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
+                       return peer_closed(fd);
+                     }};
       run_session(env, chat, *body, res);
     };
   };
@@ -203,6 +237,7 @@ Server::Server(Model& model, const Tokenizer& tok, const ChatTemplate& tmpl, Ser
 
 Server::~Server() {
   stop();
+  impl_->stopping = true;
   if (impl_->engine.joinable()) impl_->engine.join();
 }
 
@@ -231,9 +266,14 @@ Status Server::run() {
 }
 
 void Server::stop() {
-  impl_->stopping = true;
-  impl_->wake.notify_one();
-  impl_->http.stop();
+  Impl& s = *impl_;
+  if (!s.draining.exchange(true)) {
+    const auto grace = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(std::max(s.opt.shutdown_grace_s, 0.0)));
+    s.drain_deadline_ns = (std::chrono::steady_clock::now() + grace).time_since_epoch().count();
+  }
+  s.wake.notify_one();
+  s.http.stop();  // listen_after_bind() returns once the open handlers are done
 }
 
 }  // namespace k3::server

@@ -5,8 +5,14 @@
 //        /detokenize
 // Threads: httplib's workers parse requests, render prompts and submit Requests; one engine thread owns
 // the Scheduler, the PrefixCache and the Model and runs step() while there is work. Tokens come back to
-// the worker through a per-choice channel. A streaming client that goes away cancels its requests (their
-// pages are released at the next step). Client mistakes are 4xx with the OpenAI error object, never 5xx.
+// the worker through a per-choice channel. A client that goes away (streaming: a failed write;
+// non-streaming: its socket polled while waiting, peer.h) cancels its requests: their pages are released
+// at the next step. Client mistakes are 4xx with the OpenAI error object, never 5xx.
+// Limits: body size (413), prompt length (400 context_length_exceeded), prompts x n (400), queue (429),
+// per-request timeout (generation ends with finish_reason "length").
+// Shutdown (stop(), on SIGTERM / SIGINT): the listener closes, new requests on open connections get 503,
+// in-flight requests may finish for `shutdown_grace_s`, then what is left is cancelled (503 / an error
+// event) and run() returns.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +38,8 @@ struct ServerOptions {
   CacheOptions cache_options;  // n_pages = 0: sized from n_ctx and the scheduler's max_running
   SchedulerOptions sched;
   size_t max_body_bytes = 16u << 20;
+  double timeout_s = 600;       // per request (submission to last token), 0 = none
+  double shutdown_grace_s = 10;  // in-flight requests may finish this long after stop()
 };
 
 class Server {
@@ -40,6 +48,7 @@ class Server {
   ~Server();
   // Binds and serves until stop(); the bound port is port() (useful with port 0).
   Status run();
+  // Graceful: see above. Safe from any thread (the signal watcher); idempotent.
   void stop();
   int port() const;
 

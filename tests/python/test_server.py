@@ -1,77 +1,17 @@
 """k3 serve against real clients: the official `openai` package and raw HTTP, on a live server bound to
 127.0.0.1 with a free port and a tiny checkpoint. Every loop is bounded; the server is always killed."""
 import concurrent.futures
-import http.client
 import json
-import re
 import socket
-import subprocess
-import threading
 import time
 
 import pytest
 
 openai = pytest.importorskip("openai")
 
+from server_live import Live  # noqa: E402
+
 MODEL = "tiny-k3"
-
-
-class Live:
-    def __init__(self, k3_bin, root, model=MODEL, extra=(), parallel=4):
-        args = [k3_bin, "serve", "-m", str(root / "models" / model), "--port", "0", "-c", "2048", "-t", "1",
-                "--parallel", str(parallel), "--cache-block", "64", "--cache-hash", "16", *extra]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.port = None
-        self.log = []
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            self.log.append(line)
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-                break
-        if self.port is None:
-            self.stop()
-            raise RuntimeError("server did not start: " + "".join(self.log))
-        threading.Thread(target=self._drain, daemon=True).start()
-        self.model = model
-        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none", max_retries=0,
-                                    timeout=60)
-
-    def _drain(self):
-        for line in self.proc.stderr:
-            self.log.append(line)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-    def raw(self, method, path, body=None, headers=None):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        try:
-            data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
-            conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
-            r = conn.getresponse()
-            return r.status, r.getheader("Content-Type", ""), r.read()
-        finally:
-            conn.close()
-
-    def metrics(self):
-        _, _, body = self.raw("GET", "/metrics")
-        out = {}
-        for line in body.decode().splitlines():
-            if line and not line.startswith("#") and " " in line:
-                k, v = line.rsplit(" ", 1)
-                out[k] = float(v)
-        return out
 
 
 @pytest.fixture(scope="module")

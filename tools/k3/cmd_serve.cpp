@@ -2,9 +2,11 @@
 //
 //   k3 serve -m DIR [--host 127.0.0.1] [--port 8080] [--parallel N] [-c/--ctx-size N] [--api-key KEY]
 //            [--alias ID] [--max-queue N] [--step-tokens N] [--cache-block N] [--cache-hash N]
-//            [--cache-pages N] [--no-cache] [--precision fp32|bf16] [-t THREADS]
+//            [--cache-pages N] [--no-cache] [--timeout S] [--shutdown-grace S] [--precision fp32|bf16]
+//            [-t THREADS]
 //
-// Serves until SIGINT / SIGTERM (then finishes the HTTP loop and aborts what is still running).
+// Serves until SIGINT / SIGTERM; then stops accepting, lets in-flight requests finish for
+// --shutdown-grace seconds, cancels the rest (their clients get 503 / an error event) and exits 0.
 #include <pthread.h>
 #include <csignal>
 #include <filesystem>
@@ -86,6 +88,12 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--cache-pages", a->opt.cache_options.n_pages,
                   "pages in the pool (default: from -c and --parallel)");
   cmd->add_flag("--no-cache", a->no_cache, "turn the prefix cache off");
+  cmd->add_option("--timeout", a->opt.timeout_s,
+                  "seconds a request may run; then it ends with finish_reason length (default 600, 0 = none)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--shutdown-grace", a->opt.shutdown_grace_s,
+                  "seconds in-flight requests may finish after SIGTERM (default 10)")
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([a] {
     Status s = serve(*a);
     if (!s.ok()) fail("serve", s);
