@@ -65,7 +65,9 @@ void check_layout(const Checkpoint& ck, const std::vector<int32_t>& tok, const K
     ASSERT_TRUE(err[size_t(r)].empty()) << what << " rank " << r << ": " << err[size_t(r)];
     all.insert(all.end(), logits[size_t(r)].begin(), logits[size_t(r)].end());
   }
-  EXPECT_LE(nmse(all, ref.logits), 1e-6) << what << ", " << n << " ranks";
+  const double e = nmse(all, ref.logits);
+  std::printf("%s, %d ranks: NMSE %.3g\n", what.c_str(), n, e);
+  EXPECT_LE(e, 1e-6) << what << ", " << n << " ranks";
 
   // The last document's state lives on the last rank, in its last piece: decode one token from both.
   const int32_t next = tok[3];
