@@ -2,7 +2,9 @@
 //
 // cpu (the chunkwise KDA on [v | 0] from [0 | I]) against the fp64 token-by-token reference. Inputs as the
 // model feeds KDA: k l2-normalized, gates in (-5, 0) (K3) or the KL softplus form (down to about -30), beta in
-// (0, 1); lengths 1, 17, 33, 127 and chunks 1, 16, 64; d_v != d_k. Outputs: M [H, K, K] and S~ [H, K, V].
+// (0, 1); lengths 1, 17, 33, 40, 127 and chunks 1, 16, 64; d_v != d_k. Outputs: M [H, K, K] and S~ [H, K, V].
+// KL segments stay short: over ~100 tokens of KL gates M decays into the fp32 subnormal range, which the fast
+// path flushes to zero (kda_cpu.cpp) and the reference keeps, so the NMSE of such an M is meaningless.
 #include <cmath>
 #include <memory>
 
@@ -49,7 +51,7 @@ K3_OP_CASES(kda_transition_cases) {
     bool kl_gate;
   };
   const Shape shapes[] = {{1, 2, 16, 16, 16, false}, {17, 3, 16, 24, 16, false}, {33, 2, 32, 32, 1, true},
-                          {127, 2, 32, 16, 64, false}, {127, 1, 64, 64, 64, true}};
+                          {127, 2, 32, 16, 64, false}, {127, 1, 64, 64, 64, false}, {40, 1, 64, 64, 64, true}};
   for (const Shape& sh : shapes) {
     auto st = std::make_shared<TransitionInputs>(TransitionInputs{sh.T, sh.H, sh.K, sh.V, sh.chunk, sh.kl_gate, {}, {}, {}, {}});
     const std::string shape = "n_tok=" + std::to_string(sh.T) + " H=" + std::to_string(sh.H) + " K=" +
