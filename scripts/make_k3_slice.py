@@ -62,6 +62,11 @@ def make_config(a):
     if a.experts:
         t["num_experts"] = a.experts
     t["num_experts_per_token"] = min(t["num_experts_per_token"], t["num_experts"])
+    if t["vocab_size"] < 163840:  # the special ids of the tiny K3 tokenizer (1024 ranks + 256 specials)
+        ids = {"bos_token_id": 1024, "eos_token_id": 1026, "pad_token_id": 1279}
+        t.update(ids)
+        cfg.update(ids)
+        cfg["media_placeholder_token_id"] = 1045
     return cfg
 
 
@@ -223,8 +228,8 @@ def main():
     a = ap.parse_args()
     if a.tiny and not a.experts:
         a.experts = 32
-    if a.layers < 1 or a.experts < 0 or (a.experts and a.experts > 4096):
-        sys.exit("make_k3_slice: --layers >= 1 and 0 < --experts <= 4096")
+    if a.layers < 1 or a.experts < 0 or a.experts > 4096 or (a.vocab and a.vocab < 1280):
+        sys.exit("make_k3_slice: --layers >= 1, 0 < --experts <= 4096, --vocab >= 1280 (the tokenizer's ids)")
     t0 = time.time()
     cfg = make_config(a)
     specs = tensor_specs(cfg)

@@ -20,23 +20,23 @@ bool ends_with(const std::string& s, const char* suf) {
   return s.size() >= n && s.compare(s.size() - n, n, suf) == 0;
 }
 
-// Split over TP: head-indexed attention projections, d_ff-indexed MLPs, vocabulary-indexed tables.
+// Split over TP as src/dist/tp.h does: head-indexed attention projections (the low-rank a-projections, the
+// 576-wide latent projection and the DSA indexer stay replicated), d_ff-indexed dense / shared GLUs.
+// Embedding, lm_head, norms, AttnRes, router and LatentMoE down/up are replicated.
 Shard shard_of(const ExpectedTensor& e) {
   if (e.routed_expert) return Shard::ep;
   const std::string& n = e.name;
   if (n.find(".mlp.") != std::string::npos || n.find(".shared_experts.") != std::string::npos)
     return Shard::tp;
-  if (n == "model.embed_tokens.weight" || n == "lm_head.weight") return Shard::tp;
-  if (n.find(".self_attn.") == std::string::npos) return Shard::replicated;
-  static const char* kTp[] = {".q_proj.weight",   ".k_proj.weight",      ".v_proj.weight",
-                              ".q_conv1d.weight", ".k_conv1d.weight",    ".v_conv1d.weight",
-                              ".f_b_proj.weight", ".g_b_proj.weight",    ".b_proj.weight",
-                              ".dt_bias",         ".g_proj.weight",      ".o_proj.weight",
-                              ".q_b_proj.weight", ".kv_b_proj.weight",   ".indexer.wq_b.weight",
-                              ".indexer.weights_proj.weight"};
+  if (n.find(".self_attn.") == std::string::npos || n.find(".indexer.") != std::string::npos)
+    return Shard::replicated;
+  static const char* kTp[] = {".q_proj.weight",   ".k_proj.weight",    ".v_proj.weight",   ".q_conv1d.weight",
+                              ".k_conv1d.weight", ".v_conv1d.weight",  ".f_b_proj.weight", ".g_b_proj.weight",
+                              ".b_proj.weight",   ".dt_bias",          ".A_log",           ".g_proj.weight",
+                              ".o_proj.weight",   ".q_b_proj.weight",  ".kv_b_proj.weight"};
   for (const char* s : kTp)
     if (ends_with(n, s)) return Shard::tp;
-  return Shard::replicated;  // a-projections, norms, A_log, indexer wk / k_norm
+  return Shard::replicated;  // f_a / g_a / q_a / kv_a projections, norms
 }
 
 bool divides(int64_t d, int64_t n) { return d > 0 && n % d == 0; }
@@ -166,10 +166,8 @@ Status check_layout(const ModelConfig& c, const Layout& l, const PlanOptions& o)
   };
   if (c.n_layers_of(AttnKind::kda) > 0) K3_RETURN_IF_ERROR(need(c.kda.n_head, "the KDA heads"));
   if (c.n_layers_of(AttnKind::kda) < c.n_layer) K3_RETURN_IF_ERROR(need(c.mla.n_head, "the MLA heads"));
-  if (c.dsa.enabled) K3_RETURN_IF_ERROR(need(c.dsa.n_head, "the DSA index heads"));
   if (std::count(c.layer_moe.begin(), c.layer_moe.end(), false) > 0) K3_RETURN_IF_ERROR(need(c.d_ff, "d_ff"));
   K3_RETURN_IF_ERROR(need(int64_t(c.moe.n_shared_expert) * c.moe.d_ff_expert, "the shared-expert width"));
-  K3_RETURN_IF_ERROR(need(c.n_vocab, "n_vocab"));
   if (c.moe.n_expert > 0 ? c.moe.n_expert % l.ep != 0 : l.ep != 1)
     return bad("ep must divide n_expert (" + std::to_string(c.moe.n_expert) + ")");
   return ok_status();
@@ -182,8 +180,9 @@ Plan evaluate_plan(const ModelConfig& c, const std::vector<PlanTensor>& w, const
   const int64_t W = l.world(), tp = l.tp, kcp = l.kcp, E = std::max(c.moe.n_expert, 1);
   const int64_t B = std::max<int64_t>(o.batch, 1), T = std::max<int64_t>(o.context, 1);
   const int64_t seqs = ceil_div(B, l.dp), rows = ceil_div(T, kcp);  // per replica / per kcp rank
-  int64_t trunk = 0, routed = 0;
+  int64_t trunk = 0, routed = 0, embed = 0;  // embed: a gather reads one row per token
   for (const PlanTensor& t : w) {
+    if (t.name == "model.embed_tokens.weight") embed = t.bytes;
     if (t.shard == Shard::ep) routed += t.bytes;
     else trunk += t.bytes;
     if (t.shard == Shard::replicated) p.mem.weights_replicated += t.bytes;
@@ -208,7 +207,7 @@ Plan evaluate_plan(const ModelConfig& c, const std::vector<PlanTensor>& w, const
   if (n_kda) width = std::max(width, 6 * HK / tp + c.kda.n_head / tp);
   if (n_mla + n_dsa)
     width = std::max(width, c.mla.q_lora_rank + nh / tp * (2 * c.mla.d_qk() + 2 * c.mla.d_v) + c.mla.d_latent() +
-                                (c.dsa.enabled ? c.dsa.n_head / tp * (c.dsa.d_head + 1) + c.dsa.d_head : 0));
+                                (c.dsa.enabled ? c.dsa.n_head * (c.dsa.d_head + 1) + c.dsa.d_head : 0));
   if (n_moe < c.n_layer) width = std::max(width, 3 * int64_t(c.d_ff) / tp);
   if (n_moe) width = std::max(width, E + k * (3 * F + Din) + 3 * Fs / tp + Din);
   const int64_t blocks = c.uses_attn_res() ? ceil_div(c.n_layer, c.attn_res_block_size) + 1 : 0;
@@ -222,10 +221,12 @@ Plan evaluate_plan(const ModelConfig& c, const std::vector<PlanTensor>& w, const
   const double lat = n_mla + n_dsa ? double(sc.mla_per_token) / (n_mla + n_dsa) : 0.0;
   const double idx = n_dsa ? double(sc.dsa_per_token) / n_dsa : 0.0;
   const double sparse = c.dsa.enabled ? double(std::min<int64_t>(T, c.dsa.topk)) : 0.0;
-  p.decode.weight_bytes_per_token = (double(trunk) + n_moe * e_bytes * touched(double(E), double(B))) / double(B);
+  const double embed_rows = double(embed) * double(std::min<int64_t>(B, c.n_vocab)) / double(std::max(c.n_vocab, 1));
+  p.decode.weight_bytes_per_token = (double(trunk - embed) + embed_rows + n_moe * e_bytes * touched(double(E), double(B))) / double(B);
   p.decode.cache_bytes_per_token =
       double(sc.kda_state) + double(T) * n_mla * lat + n_dsa * (double(T) * idx + sparse * lat);
-  const double gpu_weights = double(p.mem.weights_replicated + p.mem.weights_tp) +
+  const double gpu_embed = double(embed) * double(std::min<int64_t>(seqs, c.n_vocab)) / double(std::max(c.n_vocab, 1));
+  const double gpu_weights = double(p.mem.weights_replicated + p.mem.weights_tp - embed) + gpu_embed +
                              n_moe * e_bytes * touched(double(ceil_div(E, l.ep)), double(B) * l.ep / double(W));
   const double gpu_cache = double(seqs) * (double(ceil_div(sc.kda_state, tp)) + double(rows) * n_mla * lat +
                                            n_dsa * (double(rows) * idx + std::ceil(sparse / kcp) * lat));

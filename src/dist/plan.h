@@ -6,9 +6,10 @@
 // config declares compressed-tensors mxfp4).
 //
 // Layout (world W = tp * kcp * dp GPUs; ep divides W):
-//   tp   tensor parallel over attention heads (KDA, MLA, DSA indexer), dense / shared-expert d_ff and the
-//        vocabulary (embedding, lm_head); everything else (norms, low-rank a-projections, router, LatentMoE
-//        down/up) is replicated. The MLA latent is one MQA head: every TP rank holds the whole cache row.
+//   tp   tensor parallel as src/dist/tp.h shards: attention heads (KDA projections, conv, dt_bias, A_log;
+//        MLA q_b / kv_b / g / o), dense and shared-expert d_ff. Replicated: embedding, lm_head, norms, AttnRes,
+//        router, LatentMoE down/up, the low-rank a-projections, the latent projection and the DSA indexer.
+//        The MLA latent is one MQA head: every TP rank holds the whole cache row.
 //   kcp  KDA context parallel: a sequence split over kcp ranks; MLA latent / DSA index rows sharded by
 //        position (ceil(T / kcp) each); the fixed KDA state (S, conv window) is held by every kcp rank.
 //   dp   trunk replicas; the batch is split over them (ceil(B / dp) sequences each).
@@ -84,7 +85,7 @@ struct Layout {
 };
 // "tp8xep16", "TP8,KCP2,EP16", "tp=8 ep=16": parts in any order; ep defaults to the world size.
 Result<Layout> parse_layout(const std::string& s);
-// Degrees divide heads / d_ff / vocabulary / experts; tp within a node; world within nodes * gpus.
+// Degrees divide heads / d_ff / experts (tp as dist/tp.h's tp_check); tp within a node; world within nodes * gpus.
 Status check_layout(const ModelConfig& c, const Layout& l, const PlanOptions& o);
 
 struct GpuMemory {  // bytes on the busiest GPU

@@ -7,6 +7,7 @@
 // Exit codes: 0 a layout fits, 3 none fits (the closest is shown), 1 bad input.
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -29,15 +30,13 @@ struct PlanArgs {
   PlanOptions opt;
 };
 
-std::string gb(double bytes) {
+// Bytes in the largest decimal unit that keeps the number >= 1 (GB = 1e9: GPU memory is sold that way).
+std::string human(double bytes) {
+  static const char* kUnit[] = {"B", "kB", "MB", "GB", "TB"};
+  int u = 0;
+  while (u < 4 && std::abs(bytes) >= 1000.0) bytes /= 1000.0, ++u;
   char b[48];
-  std::snprintf(b, sizeof b, "%.2f GB", bytes / 1e9);
-  return b;
-}
-
-std::string mb(double bytes) {
-  char b[48];
-  std::snprintf(b, sizeof b, "%.2f MB", bytes / 1e6);
+  std::snprintf(b, sizeof b, u ? "%.2f %s" : "%.0f %s", bytes, kUnit[u]);
   return b;
 }
 
@@ -66,21 +65,20 @@ void print_plan(const Plan& p, const PlanOptions& o) {
   const GpuMemory& m = p.mem;
   std::printf("\nlayout %s: %d GPU(s), %s\n", p.layout.name().c_str(), p.layout.world(),
               p.fits ? "fits" : "does NOT fit");
-  std::printf("  per GPU: weights %s (replicated %s, TP shard %s, experts %s)\n", gb(m.weights()).c_str(),
-              gb(m.weights_replicated).c_str(), gb(m.weights_tp).c_str(), gb(m.weights_ep).c_str());
-  std::printf("           KDA state %s, MLA latent %s, DSA index %s, workspace %s\n", gb(m.kda_state).c_str(),
-              gb(m.mla_cache).c_str(), gb(m.dsa_cache).c_str(), gb(m.workspace).c_str());
-  std::printf("           total %s of %s\n", gb(m.total()).c_str(), gb(o.gpu_mem).c_str());
-  std::printf("  decode per token: weights %s + cache %s read; busiest GPU reads %s per step, >= %.3f ms at "
+  std::printf("  per GPU: weights %s (replicated %s, TP shard %s, experts %s)\n", human(m.weights()).c_str(),
+              human(m.weights_replicated).c_str(), human(m.weights_tp).c_str(), human(m.weights_ep).c_str());
+  std::printf("           KDA state %s, MLA latent %s, DSA index %s, workspace %s\n", human(m.kda_state).c_str(),
+              human(m.mla_cache).c_str(), human(m.dsa_cache).c_str(), human(m.workspace).c_str());
+  std::printf("           total %s of %s\n", human(m.total()).c_str(), human(o.gpu_mem).c_str());
+  std::printf("  decode per token: weights %s + cache %s read; busiest GPU reads %s per step, >= %.4g ms at "
               "%.0f GB/s\n",
-              mb(p.decode.weight_bytes_per_token).c_str(), mb(p.decode.cache_bytes_per_token).c_str(),
-              mb(p.decode.gpu_bytes_per_step).c_str(), p.decode.step_seconds * 1e3, o.hbm_bytes_per_s / 1e9);
-  std::printf("  sent per GPU per layer, decode step: TP all-reduce %.0f B, EP all-to-all %.0f B, KCP %.0f B\n",
-              p.comm.tp_decode, p.comm.ep_decode, p.comm.kcp_decode);
-  std::printf("  prefill: TP %.0f B/token, EP %.0f B/token; KCP all-gather %.0f B per KDA layer, %s per "
-              "MLA/DSA layer\n",
-              p.comm.tp_prefill_per_token, p.comm.ep_prefill_per_token, p.comm.kcp_prefill_kda,
-              mb(p.comm.kcp_prefill_mla).c_str());
+              human(p.decode.weight_bytes_per_token).c_str(), human(p.decode.cache_bytes_per_token).c_str(),
+              human(p.decode.gpu_bytes_per_step).c_str(), p.decode.step_seconds * 1e3, o.hbm_bytes_per_s / 1e9);
+  std::printf("  sent per GPU per layer, decode step: TP all-reduce %s, EP all-to-all %s, KCP %s\n",
+              human(p.comm.tp_decode).c_str(), human(p.comm.ep_decode).c_str(), human(p.comm.kcp_decode).c_str());
+  std::printf("  prefill: TP %s/token, EP %s/token; KCP all-gather %s per KDA layer, %s per MLA/DSA layer\n",
+              human(p.comm.tp_prefill_per_token).c_str(), human(p.comm.ep_prefill_per_token).c_str(),
+              human(p.comm.kcp_prefill_kda).c_str(), human(p.comm.kcp_prefill_mla).c_str());
 }
 
 void run_plan(PlanArgs& a) {
@@ -165,16 +163,16 @@ void run_plan(PlanArgs& a) {
     std::printf("model: %s (%s, %d layers: %d KDA, %d MLA, %d DSA)\n", source.c_str(), family_name(cfg.family),
                 cfg.n_layer, cfg.n_layers_of(AttnKind::kda), cfg.n_layers_of(AttnKind::mla),
                 cfg.n_layers_of(AttnKind::dsa));
-    std::printf("weights: %s (%lld B) in %zu tensors:", gb(double(total)).c_str(), (long long)total, w.size());
-    for (const auto& [d, b] : by_dtype) std::printf(" %s %s;", d.c_str(), gb(double(b)).c_str());
-    std::printf("\n  experts (EP) %s, TP-sharded %s, replicated %s\n", gb(by_shard["ep"]).c_str(),
-                gb(by_shard["tp"]).c_str(), gb(by_shard["replicated"]).c_str());
+    std::printf("weights: %s (%lld B) in %zu tensors:", human(double(total)).c_str(), (long long)total, w.size());
+    for (const auto& [d, b] : by_dtype) std::printf(" %s %s;", d.c_str(), human(double(b)).c_str());
+    std::printf("\n  experts (EP) %s, TP-sharded %s, replicated %s\n", human(by_shard["ep"]).c_str(),
+                human(by_shard["tp"]).c_str(), human(by_shard["replicated"]).c_str());
     std::printf("cache per sequence (%s, S %s): KDA state %s + %lld B per token (latent %lld, index %lld)\n",
-                cache_format_name(o.cache), a.state_dtype.c_str(), mb(sc.kda_state).c_str(),
+                cache_format_name(o.cache), a.state_dtype.c_str(), human(sc.kda_state).c_str(),
                 (long long)(sc.mla_per_token + sc.dsa_per_token), (long long)sc.mla_per_token,
                 (long long)sc.dsa_per_token);
     std::printf("context %lld, batch %lld, %d GPU(s) per node x %d node(s), %s per GPU\n", (long long)o.context,
-                (long long)o.batch, o.gpus_per_node, o.nodes, gb(o.gpu_mem).c_str());
+                (long long)o.batch, o.gpus_per_node, o.nodes, human(o.gpu_mem).c_str());
     if (a.all)
       for (const Plan& p : plans) print_plan(p, o);
     if (a.layout.empty()) std::printf(chosen->fits ? "\nsmallest layout that fits:" : "\nno layout fits; closest:");
