@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/device/kdagpu.sh: helper kdagpu's entry in the coordinator's combined device call (<= 150 s wall).
-# Runs every bench_kda variant carried in .carry/kdagpu (quick mode: correctness vs fp64, then timings;
-# the T=131072 prefill with the variant named by $FINAL), then fla's kernels in the time left, and writes
+# Runs every bench_kda variant carried in .carry/kdagpu (correctness vs fp64, then timings), then fla's
+# kernels in the time left, and writes
 # two files to $OUT/kdagpu: run.log (everything) and kda_cuda.jsonl (one report per variant).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,9 +15,7 @@ commit=$(cat .carry/kdagpu/COMMIT 2>/dev/null || echo unknown)
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
   for name in ${BINS:-bench_kda_c bench_kda_d bench_kda_a}; do
     echo "== $name (t=$((SECONDS - t0)) s)"
-    mode=quick
-    [ "$name" = "${FINAL:-bench_kda_d}" ] && mode=all
-    timeout 40 ".carry/kdagpu/$name" "$tmp/ours_$name.json" "$mode" 2>&1 | grep -v conv_mismatch
+    timeout 40 ".carry/kdagpu/$name" "$tmp/ours_$name.json" all 2>&1 | grep -v conv_mismatch
   done
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .carry/kdagpu/whl/*.whl && export PYTHONPATH=/tmp/site
