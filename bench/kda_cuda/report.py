@@ -6,7 +6,17 @@ and a markdown table with the ratios and goals of issue 6.
 import json
 import sys
 
-ours, fla = (json.load(open(p)) for p in sys.argv[1:3])
+def load(path):  # a run cut short leaves an unterminated object (bench_kda) or nothing
+    text = open(path).read().strip()
+    for t in (text, text + "}"):
+        try:
+            return json.loads(t) if t else {}
+        except json.JSONDecodeError:
+            pass
+    return {}
+
+
+ours, fla = (load(p) for p in sys.argv[1:3])
 commit, machine = sys.argv[3], sys.argv[4]
 variant = sys.argv[5] if len(sys.argv) > 5 else None
 
