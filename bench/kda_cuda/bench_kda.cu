@@ -11,10 +11,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <numeric>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,22 +30,21 @@ void kda_fast_profile_read(unsigned long long* out8, bool reset);
 }
 #endif
 
-#define CK(x)                                                                               \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #x, cudaGetErrorString(e_), __FILE__, \
-                   __LINE__);                                                               \
-      std::exit(1);                                                                         \
-    }                                                                                       \
+#define CK(x)                                                                                          \
+  do {                                                                                                 \
+    cudaError_t e_ = (x);                                                                              \
+    if (e_ != cudaSuccess) {                                                                           \
+      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #x, cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                                    \
+    }                                                                                                  \
   } while (0)
-#define ST(x)                                                              \
-  do {                                                                     \
-    Status s_ = (x);                                                       \
-    if (!s_.ok()) {                                                        \
+#define ST(x)                                                            \
+  do {                                                                   \
+    Status s_ = (x);                                                     \
+    if (!s_.ok()) {                                                      \
       std::fprintf(stderr, "%s failed: %s\n", #x, s_.message().c_str()); \
-      std::exit(1);                                                        \
-    }                                                                      \
+      std::exit(1);                                                      \
+    }                                                                    \
   } while (0)
 
 namespace {
@@ -99,7 +98,8 @@ __global__ void gen_unit_rows(uint16_t* x, int64_t rows, float scale, uint64_t s
 }
 // kind 0: normal * a (bf16); 1: gate -5 sigmoid(1.5 z - 3.5) (bf16); 2: beta uniform(0.02, 0.98) bf16 values.
 __global__ void gen_vals(void* out, int64_t n, int kind, float a, uint64_t seed) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     if (kind == 0) {
       static_cast<uint16_t*>(out)[i] = to_bf16(a * normal(seed, i));
     } else if (kind == 1) {
@@ -278,7 +278,8 @@ void check_prefill(const std::string& name, const std::vector<int>& lens, const 
     const int h = heads[hi];
     for (int64_t t = 0; t < r.n_tok; ++t)
       for (int c = 0; c < D; ++c) {
-        const double x = bf16_to_f32(o[(size_t(t) * H + h) * D + c]), y = bf16_to_f32(oref[hi][size_t(t) * D + c]);
+        const double x = bf16_to_f32(o[(size_t(t) * H + h) * D + c]),
+                     y = bf16_to_f32(oref[hi][size_t(t) * D + c]);
         eo.add(x, y);
         if (t < 256) ec[t / 64].add(x, y);
         if (t < 128) er[t / 16].add(x, y);
@@ -349,7 +350,8 @@ DecodeRun make_decode(int n_seq, int n_slot, uint64_t seed) {
   gen(r.A_log, H, 3, 0.5f, seed + 8);
   gen(r.o_norm, D, 3, 0.3f, seed + 9);
   gen(r.S, int64_t(n_slot) * H * D * D, 3, 0.05f, seed + 10);
-  std::vector<int> slot(static_cast<size_t>(n_slot));  // a permutation: sequence b of launch i uses slot[(i*n_seq + b) % n_slot]
+  std::vector<int> slot(static_cast<size_t>(
+      n_slot));  // a permutation: sequence b of launch i uses slot[(i*n_seq + b) % n_slot]
   for (int i = 0; i < n_slot; ++i) slot[size_t(i)] = int((int64_t(i) * 7 + 3) % n_slot);
   CK(cudaMemcpy(r.slot, slot.data(), slot.size() * sizeof(int), cudaMemcpyHostToDevice));
   CK(cudaDeviceSynchronize());
@@ -365,8 +367,9 @@ KdaDecodeParams params_of(const DecodeRun& r) {
 }
 
 void free_decode(DecodeRun& r) {
-  for (void* p : {(void*)r.qkv, (void*)r.f, (void*)r.b, (void*)r.gate, (void*)r.conv, (void*)r.out,
-                  (void*)r.conv_w, (void*)r.dt_bias, (void*)r.A_log, (void*)r.o_norm, (void*)r.S, (void*)r.slot})
+  for (void* p :
+       {(void*)r.qkv, (void*)r.f, (void*)r.b, (void*)r.gate, (void*)r.conv, (void*)r.out, (void*)r.conv_w,
+        (void*)r.dt_bias, (void*)r.A_log, (void*)r.o_norm, (void*)r.S, (void*)r.slot})
     CK(cudaFree(p));
 }
 
@@ -377,11 +380,11 @@ void check_decode(int n_seq, GpuContext& ctx) {
   CK(cudaMemset(r.out, 0xff, n_seq * HK * 2));
   // Host copies of every input (the reference runs on them in place).
   KdaDecodeParams hp = p;
-  auto qkv = to_host(r.qkv, n_seq * 3 * HK), f = to_host(r.f, n_seq * HK), b = to_host(r.b, size_t(n_seq) * H),
-       gate = to_host(r.gate, n_seq * HK), conv = to_host(r.conv, nc);
+  auto qkv = to_host(r.qkv, n_seq * 3 * HK), f = to_host(r.f, n_seq * HK),
+       b = to_host(r.b, size_t(n_seq) * H), gate = to_host(r.gate, n_seq * HK), conv = to_host(r.conv, nc);
   std::vector<uint16_t> out(n_seq * HK);
-  auto conv_w = to_host(r.conv_w, 3 * HK * 4), dt_bias = to_host(r.dt_bias, HK), A_log = to_host(r.A_log, size_t(H)),
-       o_norm = to_host(r.o_norm, size_t(D)), S = to_host(r.S, ns);
+  auto conv_w = to_host(r.conv_w, 3 * HK * 4), dt_bias = to_host(r.dt_bias, HK),
+       A_log = to_host(r.A_log, size_t(H)), o_norm = to_host(r.o_norm, size_t(D)), S = to_host(r.S, ns);
   auto slot = to_host(r.slot, size_t(r.n_slot));
   hp.qkv = qkv.data(), hp.f = f.data(), hp.b = b.data(), hp.gate = gate.data(), hp.conv = conv.data();
   hp.out = out.data(), hp.conv_w = conv_w.data(), hp.dt_bias = dt_bias.data(), hp.A_log = A_log.data();

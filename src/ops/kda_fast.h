@@ -15,9 +15,9 @@
 //
 // Decode (kda_decode_fast_cuda), one token per sequence, per (sequence b, head h), in place in slot[b]:
 //   x~ = [q~, k~, v~]_t (pre-conv projections); y = SiLU(sum_j w[c,j] window_j) (bf16), window rolls by one
-//   q = l2norm(y_q) * K^-1/2, k = l2norm(y_k), v = y_v;  beta = sigmoid(b);  g = -5 sigmoid(exp(A_log_h) (f + dt_bias))
-//   the recurrence step above on S[slot[b], h];  o = bf16(S^T q)
-//   out = o * rsqrt(mean(o^2) + eps) * w_onorm * sigmoid(gate)        (FusedRMSNormGated, sigmoid)
+//   q = l2norm(y_q) * K^-1/2, k = l2norm(y_k), v = y_v;  beta = sigmoid(b);  g = -5 sigmoid(exp(A_log_h) (f +
+//   dt_bias)) the recurrence step above on S[slot[b], h];  o = bf16(S^T q) out = o * rsqrt(mean(o^2) + eps) *
+//   w_onorm * sigmoid(gate)        (FusedRMSNormGated, sigmoid)
 //
 // Both return a Status naming the op and the shape when the shape is not supported (d_k, d_v != 128,
 // null pointers, bad cu_seqlens sizes); the caller then uses kda.h's generic kernels. All pointers are
@@ -32,8 +32,8 @@
 namespace k3 {
 
 struct KdaPrefillParams {
-  int n_seq = 0;                  // sequences in the batch
-  int64_t n_tok = 0;              // total tokens (= cu_seqlens[n_seq])
+  int n_seq = 0;      // sequences in the batch
+  int64_t n_tok = 0;  // total tokens (= cu_seqlens[n_seq])
   int n_head = 0, d_k = 128, d_v = 128;
   const int* cu_seqlens = nullptr;  // [n_seq + 1] token offsets (device), cu_seqlens[0] = 0
   const uint16_t* q = nullptr;      // [n_tok, n_head, d_k] bf16, l2-normalized, scaled by d_k^-1/2
@@ -50,9 +50,9 @@ struct KdaPrefillParams {
 struct KdaDecodeParams {
   int n_seq = 0;  // sequences, one token each
   int n_head = 0, d_k = 128, d_v = 128;
-  const uint16_t* qkv = nullptr;   // [n_seq, 3, n_head * d_k] bf16 pre-conv projections q~, k~, v~
-  const float* conv_w = nullptr;   // [3, n_head * d_k, 4] fp32 (q_conv1d, k_conv1d, v_conv1d; tap 3 = current)
-  const uint16_t* f = nullptr;     // [n_seq, n_head * d_k] bf16 f_b_proj output (decay pre-activation)
+  const uint16_t* qkv = nullptr;  // [n_seq, 3, n_head * d_k] bf16 pre-conv projections q~, k~, v~
+  const float* conv_w = nullptr;  // [3, n_head * d_k, 4] fp32 (q_conv1d, k_conv1d, v_conv1d; tap 3 = current)
+  const uint16_t* f = nullptr;    // [n_seq, n_head * d_k] bf16 f_b_proj output (decay pre-activation)
   const float* dt_bias = nullptr;  // [n_head * d_k] fp32
   const float* A_log = nullptr;    // [n_head] fp32
   const uint16_t* b = nullptr;     // [n_seq, n_head] bf16 b_proj output (beta logit)

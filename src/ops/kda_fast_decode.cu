@@ -36,10 +36,10 @@ __device__ inline float warp_sum(float x) {
 }
 
 __global__ void __launch_bounds__(NT) kda_decode_kernel(const KdaDecodeParams p) {
-  __shared__ __align__(16) float x[3][DK];        // conv outputs q~, k~, v~ (bf16 values), then q, k normalized
-  __shared__ float alpha[DK];       // exp(g)
+  __shared__ __align__(16) float x[3][DK];  // conv outputs q~, k~, v~ (bf16 values), then q, k normalized
+  __shared__ float alpha[DK];               // exp(g)
   __shared__ __align__(16) float red[2][NW][DV];  // per-warp partial sums: S^T k, then S^T q
-  __shared__ float scal[4];         // |q|^-1, |k|^-1, beta, rms
+  __shared__ float scal[4];                       // |q|^-1, |k|^-1, beta, rms
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int H = p.n_head, HK = H * DK, slot = p.slot[b];
   float4* Sg = reinterpret_cast<float4*>(p.S + (size_t(slot) * H + h) * DK * DV);
@@ -134,7 +134,8 @@ __global__ void __launch_bounds__(NT) kda_decode_kernel(const KdaDecodeParams p)
 namespace cg = cooperative_groups;
 constexpr int HV = DV / 2, RR = DK / (2 * NW);  // columns per CTA; rows per thread (8)
 
-__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(NT, 4) kda_decode_split_kernel(const KdaDecodeParams p) {
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(NT, 4)
+    kda_decode_split_kernel(const KdaDecodeParams p) {
   __shared__ __align__(16) float x[3][DK];
   __shared__ float alpha[DK];
   __shared__ __align__(16) float red[2][2 * NW][HV];  // per (warp, half-warp) partial sums over 8 rows

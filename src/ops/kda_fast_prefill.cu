@@ -77,16 +77,16 @@ constexpr int LDK = 136;  // Kd, read as A^T ([k][m])
 constexpr int LDV = 72;   // [k][n] B operands with 64 columns: S, Y, V'
 constexpr int LDC = 68;   // 64x64 matrices A, L, T
 // Shared memory, in floats (regions reused across the phases; see the comments at each use).
-constexpr int OFF_S = 0;                     // S [128][LDV]
-constexpr int OFF_G = OFF_S + DK * LDV;      // G [64][LDR] -> Qe = exp(G) q
-constexpr int OFF_KB = OFF_G + C * LDR;      // Kc [64][LDR] (phase 1) -> Bk = beta exp(G) k
-constexpr int OFF_KD = OFF_KB + C * LDR;     // L [64][LDC] + Qr, Kr [16][LDR] (phase 1-2) -> Kd [64][LDK]
-constexpr int OFF_A = OFF_KD + C * LDK;      // A [64][LDC]
-constexpr int OFF_T = OFF_A + C * LDC;       // T [64][LDC]
-constexpr int OFF_QV = OFF_T + C * LDC;      // q, k raw bf16 [64][128] each -> Y [64][LDV], V' [64][LDV]
+constexpr int OFF_S = 0;                  // S [128][LDV]
+constexpr int OFF_G = OFF_S + DK * LDV;   // G [64][LDR] -> Qe = exp(G) q
+constexpr int OFF_KB = OFF_G + C * LDR;   // Kc [64][LDR] (phase 1) -> Bk = beta exp(G) k
+constexpr int OFF_KD = OFF_KB + C * LDR;  // L [64][LDC] + Qr, Kr [16][LDR] (phase 1-2) -> Kd [64][LDK]
+constexpr int OFF_A = OFF_KD + C * LDK;   // A [64][LDC]
+constexpr int OFF_T = OFF_A + C * LDC;    // T [64][LDC]
+constexpr int OFF_QV = OFF_T + C * LDC;   // q, k raw bf16 [64][128] each -> Y [64][LDV], V' [64][LDV]
 constexpr int OFF_BETA = OFF_QV + 2 * C * LDV;
-constexpr int OFF_GC = OFF_BETA + C;         // G_C [128], exp(G_C) [128]
-constexpr int OFF_P = OFF_GC + 2 * DK;       // scratch [3][16][16] for the blocked inverse
+constexpr int OFF_GC = OFF_BETA + C;    // G_C [128], exp(G_C) [128]
+constexpr int OFF_P = OFF_GC + 2 * DK;  // scratch [3][16][16] for the blocked inverse
 constexpr int SMEM_FLOATS = OFF_P + 3 * 256;
 static_assert(C * LDC + 2 * 16 * LDR <= C * LDK, "L, Qr, Kr fit the Kd region");
 static_assert(C * DK <= 2 * C * LDV, "raw q, k (bf16) fit the Y, V' region");
@@ -95,11 +95,11 @@ static_assert(C * DK <= 2 * C * LDV, "raw q, k (bf16) fit the Y, V' region");
 // (up to its closing barrier) to kda_prof[]; bench_kda reads them through kda_fast_profile_read().
 #ifdef KDA_FAST_PROFILE
 __device__ unsigned long long kda_prof[8];
-#define PROF(i)                                                                           \
-  if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {                \
-    const long long now_ = clock64();                                                      \
-    kda_prof[i] += now_ - prof_last;                                                       \
-    prof_last = now_;                                                                      \
+#define PROF(i)                                                            \
+  if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) { \
+    const long long now_ = clock64();                                      \
+    kda_prof[i] += now_ - prof_last;                                       \
+    prof_last = now_;                                                      \
   }
 #else
 #define PROF(i)
@@ -250,7 +250,8 @@ __device__ void invert(float* sm) {
       float s = 0.f;
       for (int cc = b; cc < a; ++cc)
 #pragma unroll
-        for (int x = 0; x < 16; ++x) s += L[(16 * a + r) * LDC + 16 * cc + x] * T[(16 * cc + x) * LDC + 16 * b + c];
+        for (int x = 0; x < 16; ++x)
+          s += L[(16 * a + r) * LDC + 16 * cc + x] * T[(16 * cc + x) * LDC + 16 * b + c];
       P[b * 256 + r * 16 + c] = s;
     }
     __syncthreads();
@@ -460,7 +461,8 @@ __global__ void __launch_bounds__(NT, 1) kda_prefill_kernel(const KdaPrefillPara
 #pragma unroll
       for (int j = 0; j < SN; ++j)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) S[(d0 + g + 8 * (c >> 1)) * LDV + s0 + 8 * j + 2 * t + (c & 1)] = acc[j][c];
+        for (int c = 0; c < 4; ++c)
+          S[(d0 + g + 8 * (c >> 1)) * LDV + s0 + 8 * j + 2 * t + (c & 1)] = acc[j][c];
     }
     __syncthreads();
     PROF(7)
@@ -473,7 +475,8 @@ __global__ void __launch_bounds__(NT, 1) kda_prefill_kernel(const KdaPrefillPara
 
 Status launch(const KdaPrefillParams& p, GpuContext& g) {
   const size_t smem = size_t(SMEM_FLOATS) * sizeof(float);
-  K3_CUDA_CHECK(cudaFuncSetAttribute(kda_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  K3_CUDA_CHECK(
+      cudaFuncSetAttribute(kda_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(128 / VB, unsigned(p.n_head), unsigned(p.n_seq));
   kda_prefill_kernel<<<grid, NT, smem, g.stream>>>(p);
   K3_CUDA_CHECK(cudaGetLastError());

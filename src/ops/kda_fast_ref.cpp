@@ -49,11 +49,11 @@ Status kda_prefill_fast_check(const KdaPrefillParams& p) {
     return error(Code::unsupported, what + "unsupported shape " + shape_of(p.n_head, p.d_k, p.d_v) +
                                         " (only d_k = d_v = 128; use kda_chunk_cuda)");
   if (p.n_seq <= 0 || p.n_tok < 0)
-    return error(Code::invalid_argument, what + "bad batch n_seq=" + std::to_string(p.n_seq) +
-                                             " n_tok=" + std::to_string(p.n_tok));
+    return error(Code::invalid_argument,
+                 what + "bad batch n_seq=" + std::to_string(p.n_seq) + " n_tok=" + std::to_string(p.n_tok));
   if (!p.cu_seqlens || !p.q || !p.k || !p.v || !p.g || !p.beta || !p.S || !p.o)
-    return error(Code::invalid_argument, what + "a required pointer is null (" +
-                                             shape_of(p.n_head, p.d_k, p.d_v) + ")");
+    return error(Code::invalid_argument,
+                 what + "a required pointer is null (" + shape_of(p.n_head, p.d_k, p.d_v) + ")");
   return ok_status();
 }
 
@@ -62,18 +62,18 @@ Status kda_decode_fast_check(const KdaDecodeParams& p) {
   if (p.d_k != 128 || p.d_v != 128 || p.n_head <= 0)
     return error(Code::unsupported, what + "unsupported shape " + shape_of(p.n_head, p.d_k, p.d_v) +
                                         " (only d_k = d_v = 128; use kda_recurrent_cuda)");
-  if (p.n_seq <= 0)
-    return error(Code::invalid_argument, what + "bad batch n_seq=" + std::to_string(p.n_seq));
+  if (p.n_seq <= 0) return error(Code::invalid_argument, what + "bad batch n_seq=" + std::to_string(p.n_seq));
   if (!p.qkv || !p.conv_w || !p.f || !p.dt_bias || !p.A_log || !p.b || !p.gate || !p.o_norm || !p.slot ||
       !p.S || !p.conv || !p.out)
-    return error(Code::invalid_argument, what + "a required pointer is null (" +
-                                             shape_of(p.n_head, p.d_k, p.d_v) + ")");
+    return error(Code::invalid_argument,
+                 what + "a required pointer is null (" + shape_of(p.n_head, p.d_k, p.d_v) + ")");
   return ok_status();
 }
 
 void kda_prefill_fast_ref(const KdaPrefillParams& p) {
   const int H = p.n_head, K = p.d_k, V = p.d_v;
-  std::vector<double> S(size_t(K) * V), q(static_cast<size_t>(K)), k(static_cast<size_t>(K)), g(static_cast<size_t>(K)), v(static_cast<size_t>(V)), o(static_cast<size_t>(V));
+  std::vector<double> S(size_t(K) * V), q(static_cast<size_t>(K)), k(static_cast<size_t>(K)),
+      g(static_cast<size_t>(K)), v(static_cast<size_t>(V)), o(static_cast<size_t>(V));
   for (int s = 0; s < p.n_seq; ++s) {
     const int slot = p.slot ? p.slot[s] : s;
     for (int h = 0; h < H; ++h) {

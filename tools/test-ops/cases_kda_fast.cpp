@@ -148,7 +148,8 @@ void decode_composed(const DecodeState& st, int step, float* out, float* S, std:
       for (int i = 0; i < D; ++i) {
         q[size_t(h * D + i)] = float(q[size_t(h * D + i)] / std::sqrt(nq + 1e-6) / std::sqrt(double(D)));
         k[size_t(h * D + i)] = float(k[size_t(h * D + i)] / std::sqrt(nk + 1e-6));
-        const double z = bf16_to_f32(st.f[step][size_t(bq) * HK + size_t(h * D + i)]) + st.dt_bias[size_t(h * D + i)];
+        const double z =
+            bf16_to_f32(st.f[step][size_t(bq) * HK + size_t(h * D + i)]) + st.dt_bias[size_t(h * D + i)];
         g[size_t(h * D + i)] = float(-5.0 / (1 + std::exp(-std::exp(double(st.A_log[size_t(h)])) * z)));
       }
       beta[size_t(h)] = float(1 / (1 + std::exp(-double(bf16_to_f32(st.b[step][size_t(bq) * H + h])))));
