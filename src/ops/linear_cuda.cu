@@ -223,8 +223,9 @@ void gemm(WK k, const LinearWeight& W, const LinearParams& p, int64_t ldx, int64
     const size_t used = (size_t(tok_tile * ldb * 2) + 255) / 256 * 256;
     ws += used, ws_left -= used;
   }
-  // W row tiles (a multiple of 64 rows when possible); f32 weights in fp32 mode are used in place
-  const bool in_place = !bf16 && k == WK::f32;
+  // W row tiles (a multiple of 64 rows when possible); f32 weights in fp32 mode and bf16 weights in bf16
+  // mode are used in place
+  const bool in_place = (!bf16 && k == WK::f32) || (bf16 && k == WK::bf16);
   int64_t row_tile = W.out;
   if (!in_place) {
     row_tile = std::min<int64_t>(W.out, int64_t(ws_left / (size_t(W.in) * esz)));
@@ -241,13 +242,15 @@ void gemm(WK k, const LinearWeight& W, const LinearParams& p, int64_t ldx, int64
     }
     for (int64_t r0 = 0; r0 < W.out; r0 += row_tile) {
       const int64_t nr = std::min(row_tile, W.out - r0);
-      const void* A = static_cast<const float*>(W.w) + r0 * W.in;  // in place (f32 only)
-      if (bf16 && k == WK::bf16) {
+      const void* A = nullptr;
+      if (in_place && k == WK::f32) {
+        A = static_cast<const float*>(W.w) + r0 * W.in;
+      } else if (in_place) {
         A = static_cast<const uint16_t*>(W.w) + r0 * W.in;
       } else if (bf16) {
         decode_rows_any(k, W, r0, nr, reinterpret_cast<__nv_bfloat16*>(ws), g);
         A = ws;
-      } else if (!in_place) {
+      } else {
         decode_rows_any(k, W, r0, nr, reinterpret_cast<float*>(ws), g);
         A = ws;
       }
