@@ -2,7 +2,8 @@
 
 The expected numbers come from training/export_reference.py (PyTorch fp32 on the CPU, independent of the
 engine) and are stored in tests/data/<model>-reference.json. A model whose reference file is absent (k3.1-tiny
-before its device run is assembled) is skipped with a message.
+before its device run is assembled) is skipped with a message. For K3.1 the reference also holds PyTorch's DSA
+selected sets over the first window, compared row by row with the engine's (`k3 logits --dump dsa_sel`).
 """
 import json
 import re
@@ -32,15 +33,36 @@ def test_perplexity_equals_pytorch(k3_bin, root, ref):
     assert rel <= 5e-3, f"engine {ppl} vs pytorch {ref['pytorch_ppl']} (rel {rel:.2e})"
 
 
-def test_top1_agreement_with_pytorch(k3_bin, root, ref, tmp_path):
-    ids = ref["first_window_ids"]
-    out_npy = tmp_path / "logits.npy"
-    r = subprocess.run([k3_bin, "logits", "-m", str(root / ref["model"]), "--tokens", ",".join(map(str, ids)),
-                        "-o", str(out_npy), "--precision", "fp32"], capture_output=True, text=True, timeout=600)
+@pytest.fixture(scope="module")
+def first_window(k3_bin, root, ref, tmp_path_factory):
+    """The engine over the reference's first window: logits [T, V] and the traced dsa_sel files."""
+    d = tmp_path_factory.mktemp("first_window")
+    r = subprocess.run([k3_bin, "logits", "-m", str(root / ref["model"]), "--tokens",
+                        ",".join(map(str, ref["first_window_ids"])), "-o", str(d / "logits.npy"), "--precision",
+                        "fp32", "--trace-out", str(d / "trace"), "--dump", "dsa_sel"],
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    top1 = np.load(out_npy).argmax(-1)
+    files = sorted((d / "trace").glob("dsa_sel-L*.npy"), key=lambda f: int(f.stem.split("-L")[1]))
+    return np.load(d / "logits.npy"), [np.load(f) for f in files]
+
+
+def test_top1_agreement_with_pytorch(ref, first_window):
+    top1 = first_window[0].argmax(-1)
     agree = float(np.mean(top1 == np.asarray(ref["first_window_top1"])))
     assert agree >= 0.99, f"top-1 agreement {agree:.3f}"
+
+
+def test_dsa_index_sets_equal_pytorch(ref, first_window):
+    if "first_window_dsa_sel" not in ref:
+        pytest.skip(f"{ref['model']}: no DSA layers")
+    want, got = ref["first_window_dsa_sel"], first_window[1]
+    assert len(got) == len(want), f"engine traced {len(got)} DSA layers, PyTorch {len(want)}"
+    for layer, (w_rows, g) in enumerate(zip(want, got)):
+        assert g.shape[0] == len(w_rows), (g.shape, len(w_rows))
+        g_rows = [hex(sum(1 << int(s) for s in row if s >= 0)) for row in g]
+        bad = [t for t, (a, b) in enumerate(zip(w_rows, g_rows)) if a != b]
+        assert not bad, f"DSA layer {layer}: rows {bad[:10]} select other positions than PyTorch"
+    assert len(want[0]) > g.shape[1], "the window must be longer than index_topk for the indexer to select"
 
 
 def test_model_card_records_pytorch_perplexity(root, ref):
