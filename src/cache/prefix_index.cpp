@@ -293,7 +293,7 @@ Status PrefixCache::write_ckpt(SeqCache& s, const SeqState& st, int64_t pos) {
   }
   ckpts_[key] = std::move(c);
   stats_.checkpoints++;
-  if (s.last_ckpt) {  // superseded, unless it marks a turn boundary
+  if (s.last_ckpt && !opt_.dense_checkpoints) {  // superseded, unless it marks a turn boundary
     auto it = ckpts_.find(*s.last_ckpt);
     if (it != ckpts_.end() && !it->second.kept) drop_ckpt(*s.last_ckpt);
   }

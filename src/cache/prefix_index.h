@@ -47,6 +47,10 @@ struct CacheOptions {
   int block_tokens = 64;  // T_blk, a multiple of hash_tokens
   int hash_tokens = 16;   // T_h
   int32_t n_pages = 256;
+  // Keep every checkpoint (one per hash boundary: the runner then ends a forward at each) instead of
+  // dropping superseded ones: a divergence at p then resumes at floor(p / T_h) T_h, at the price of one
+  // KDA state per hash block (evictable, least recently written first).
+  bool dense_checkpoints = false;
   bool rule_pin = true;  // the three rules can be switched off only to show (in tests) what breaks
   bool rule_exclude_fresh = true;
   bool rule_drop_siblings = true;

@@ -1,6 +1,8 @@
 // runner.cpp: forward calls through the prefix cache (runner.h).
 #include "engine/runner.h"
 
+#include <algorithm>
+
 namespace k3 {
 
 Status feed(Model& model, PrefixCache* cache, SeqSlot seq, std::span<const int32_t> ids,
@@ -11,6 +13,7 @@ Status feed(Model& model, PrefixCache* cache, SeqSlot seq, std::span<const int32
   while (!ids.empty()) {
     const int64_t n0 = st.n_past(), n1 = n0 + int64_t(ids.size());
     int64_t cut = (n1 - 1) / th * th;  // the last aligned position strictly before n1
+    if (cache->options().dense_checkpoints) cut = std::min(n1, (n0 / th + 1) * th);  // every boundary
     if (cut <= n0) cut = n1;
     std::span<const int32_t> piece = ids.subspan(0, size_t(cut - n0));
     K3_RETURN_IF_ERROR(cache->reserve(*seq.cache_seq, piece));

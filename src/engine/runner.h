@@ -2,6 +2,7 @@
 //
 //   feed(ids):  pieces = ids cut at the last hash-aligned position p (p % T_h == 0) strictly inside them
 //               per piece: cache.reserve(piece) -> model.forward(state, piece) -> cache.commit(state)
+// (with CacheOptions::dense_checkpoints: at every aligned position inside them)
 // so every forward that crosses a hash boundary ends on one and leaves a KDA checkpoint there (the
 // model itself knows nothing about pages: it reads and appends to the contiguous SeqState). Without a
 // cache, feed() is a plain forward. An out_of_memory Status from reserve() leaves state and cache as

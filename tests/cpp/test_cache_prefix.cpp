@@ -255,5 +255,35 @@ TEST(CachePrefix, Rule3EvictionDropsSiblingGroups) {
   }
 }
 
+
+// Dense checkpoints: a prompt fed in hash-block forwards keeps a checkpoint at every boundary, so a later
+// prompt that diverges at p resumes at floor(p / T_h) T_h; the default keeps only the turn boundary.
+TEST(CachePrefix, DenseCheckpointsResumeWithinOneHashBlockOfADivergence) {
+  for (bool dense : {false, true}) {
+    ModelConfig cfg = fake_config(true);
+    CacheOptions o;
+    o.block_tokens = 64, o.hash_tokens = 16, o.n_pages = 128, o.dense_checkpoints = dense;
+    PrefixCache cache(StateLayout::make(cfg, 64), o);
+    std::vector<int32_t> p1 = ids(120, 8);
+    Runner a(cfg, cache);
+    ASSERT_TRUE(a.run(p1, {16, 32, 48, 64, 80, 96, 112, 120}).ok());
+    cache.release(a.sc, true);
+    EXPECT_EQ(cache.n_checkpoints(), dense ? 7 : 1);
+    for (int p : {20, 47, 70, 100}) {
+      std::vector<int32_t> q = p1;
+      q[size_t(p)] += 1;
+      const int64_t hit = cache.lookup(q, int64_t(q.size()) - 1);
+      EXPECT_EQ(hit, dense ? p / 16 * 16 : 0) << "divergence at " << p;
+      if (dense && hit > 0) {  // and what it restores is the cold state of that prefix
+        SeqCache sc;
+        SeqState st(cfg);
+        ASSERT_EQ(cache.admit(sc, q, st).value(), hit);
+        expect_same_state(st, cold(cfg, std::span(q).subspan(0, size_t(hit))));
+        cache.release(sc, false);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace k3

@@ -145,3 +145,22 @@ def test_followup_chat_turn_reuses_the_longest_boundary_and_equals_cold(k3_bin, 
     finally:
         warm_srv.stop()
         cold_srv.stop()
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_divergence_reprocesses_at_most_one_hash_block_with_dense_checkpoints(k3_bin, root, dense):
+    s = Live(k3_bin, root, extra=("--cache-dense-checkpoints",) if dense else ())
+    try:
+        base = [(i * 29 + 5) % 1000 for i in range(150)]
+        s.client.completions.create(model=MODEL, prompt=base, max_tokens=1, temperature=0)
+        for p in (21, 70, 133):
+            q = list(base)
+            q[p] = (q[p] + 1) % 1000
+            r = s.client.completions.create(model=MODEL, prompt=q, max_tokens=1, temperature=0)
+            cached = r.usage.prompt_tokens_details.cached_tokens
+            if dense:
+                assert cached == p // T_H * T_H, p  # re-processed before p: p mod T_h < one hash block
+            else:
+                assert cached == 0, p  # only the turn boundary (144) has a KDA checkpoint
+    finally:
+        s.stop()

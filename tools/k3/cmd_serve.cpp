@@ -2,7 +2,7 @@
 //
 //   k3 serve -m DIR [--host 127.0.0.1] [--port 8080] [--parallel N] [-c/--ctx-size N] [--api-key KEY]
 //            [--alias ID] [--max-queue N] [--step-tokens N] [--cache-block N] [--cache-hash N]
-//            [--cache-pages N] [--no-cache] [--timeout S] [--shutdown-grace S] [--precision fp32|bf16]
+//            [--cache-pages N] [--no-cache] [--cache-dense-checkpoints] [--timeout S] [--shutdown-grace S] [--precision fp32|bf16]
 //            [-t THREADS]
 //
 // Serves until SIGINT / SIGTERM; then stops accepting, lets in-flight requests finish for
@@ -88,6 +88,8 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--cache-pages", a->opt.cache_options.n_pages,
                   "pages in the pool (default: from -c and --parallel)");
   cmd->add_flag("--no-cache", a->no_cache, "turn the prefix cache off");
+  cmd->add_flag("--cache-dense-checkpoints", a->opt.cache_options.dense_checkpoints,
+                "keep a KDA checkpoint at every hash boundary (a divergence resumes within one hash block)");
   cmd->add_option("--timeout", a->opt.timeout_s,
                   "seconds a request may run; then it ends with finish_reason length (default 600, 0 = none)")
       ->check(CLI::NonNegativeNumber);
