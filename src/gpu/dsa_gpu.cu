@@ -88,6 +88,23 @@ __global__ void index_compact_kernel(int32_t* sel, const uint8_t* flag, int64_t 
   }
 }
 
+// Trace "dsa_sel" [n_tok, topk] as floats (model/dsa.cpp trace_sel): sel, or every s <= n_past + i (dense).
+__global__ void sel_to_float_kernel(float* f, const int32_t* sel, int64_t n_tok, int64_t topk, int64_t n_past) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n_tok * topk) return;
+  const int64_t i = idx / topk, s = idx % topk;
+  f[idx] = sel ? float(sel[idx]) : (s <= n_past + i ? float(s) : -1.f);
+}
+
+Status trace_sel(const GpuCtx& c, int layer, const int32_t* sel, int64_t n_past, int64_t n_tok, int64_t topk) {
+  if (!c.trace || !*c.trace) return ok_status();
+  DevBuf f;
+  K3_RETURN_IF_ERROR(f.alloc(c, n_tok * topk));
+  sel_to_float_kernel<<<blocks_for(n_tok * topk), kThreads, 0, c.stream()>>>(f.f(), sel, n_tok, topk, n_past);
+  c.cb("dsa_sel", layer, f.f(), n_tok * topk);
+  return ok_status();
+}
+
 }  // namespace
 
 Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsGpu& w, const float* cq,
@@ -103,7 +120,10 @@ Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsG
   layer_norm_cuda(ln, *c.g);
   c.rnd(kI, n_tok * Di);
   c.cb("dsa_k", layer, kI, n_tok * Di);
-  if (n_ctx <= topk) return launch_status("dsa index keys");
+  if (n_ctx <= topk) {
+    K3_RETURN_IF_ERROR(trace_sel(c, layer, nullptr, n_past, n_tok, topk));
+    return launch_status("dsa index keys");
+  }
 
   DevBuf qI, a, I, flag;
   K3_RETURN_IF_ERROR(qI.alloc(c, n_tok * Hi * Di));
@@ -121,6 +141,7 @@ Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsG
   index_compact_kernel<<<unsigned(n_tok), kScanThreads, 0, c.stream()>>>(sel->as<int32_t>(), flag.as<uint8_t>(),
                                                                         n_past, n_ctx, topk);
   *sparse = true;
+  K3_RETURN_IF_ERROR(trace_sel(c, layer, sel->as<int32_t>(), n_past, n_tok, topk));
   return launch_status("dsa select");
 }
 

@@ -18,6 +18,12 @@ int64_t kda_s_floats(const ModelConfig& c) { return int64_t(c.kda.n_head) * c.kd
 int64_t kda_conv_floats(const ModelConfig& c) {
   return 3 * int64_t(c.kda.conv_size - 1) * c.kda.n_head * c.kda.d_head;
 }
+// (ModelConfig::n_layers_of lives in libk3; counted here so libk3_cuda needs nothing more from it.)
+int64_t n_kda_layers(const ModelConfig& c) {
+  int64_t n = 0;
+  for (AttnKind k : c.layer_attn) n += k == AttnKind::kda;
+  return n;
+}
 int64_t index_width(const ModelConfig& c, int layer) {
   return c.layer_attn[size_t(layer)] == AttnKind::dsa ? c.dsa.d_head : 0;
 }
@@ -36,7 +42,7 @@ Result<std::unique_ptr<GpuSeqState>> GpuModel::new_state() {
   s->kda.assign(size_t(L), {});
   s->mla.assign(size_t(L), {});
   const int64_t per = kda_s_floats(cfg_) + kda_conv_floats(cfg_);
-  const int64_t n_kda = cfg_.n_layers_of(AttnKind::kda);
+  const int64_t n_kda = n_kda_layers(cfg_);
   if (n_kda > 0) {
     K3_CUDA_CHECK(cudaMalloc(&s->kda_block_, size_t(per * n_kda) * 4));
     float* q = s->kda_block_;
@@ -52,7 +58,7 @@ Result<std::unique_ptr<GpuSeqState>> GpuModel::new_state() {
 
 Status GpuSeqState::reset() {
   n_past_ = 0;
-  const int64_t n_kda = cfg_->n_layers_of(AttnKind::kda);
+  const int64_t n_kda = n_kda_layers(*cfg_);
   if (kda_block_)
     K3_CUDA_CHECK(cudaMemset(kda_block_, 0, size_t((kda_s_floats(*cfg_) + kda_conv_floats(*cfg_)) * n_kda) * 4));
   K3_CUDA_CHECK(cudaDeviceSynchronize());
@@ -82,7 +88,7 @@ Status GpuSeqState::reserve(int64_t n) {
 }
 
 int64_t GpuSeqState::bytes() const {
-  int64_t n = (kda_s_floats(*cfg_) + kda_conv_floats(*cfg_)) * cfg_->n_layers_of(AttnKind::kda) * 4;
+  int64_t n = (kda_s_floats(*cfg_) + kda_conv_floats(*cfg_)) * n_kda_layers(*cfg_) * 4;
   for (int l = 0; l < cfg_->n_layer; ++l)
     if (cfg_->layer_attn[size_t(l)] != AttnKind::kda)
       n += mla[size_t(l)].cap * (cfg_->mla.d_latent() + index_width(*cfg_, l)) * 4;
