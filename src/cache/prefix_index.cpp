@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstring>
 
-
 namespace k3 {
 
 Hash128 chain_hash(Hash128 parent, std::span<const int32_t> tokens) {

@@ -35,7 +35,8 @@ int find_socket(const std::string& remote_addr, int remote_port, const std::stri
     socklen_t pl = sizeof peer, sl = sizeof self;
     if (getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
     if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&self), &sl) != 0) continue;
-    if (same(peer, pl, remote_addr, remote_port) && (local_port < 0 || same(self, sl, local_addr, local_port))) {
+    if (same(peer, pl, remote_addr, remote_port) &&
+        (local_port < 0 || same(self, sl, local_addr, local_port))) {
       found = int(fd);
       break;
     }

@@ -12,7 +12,8 @@
 namespace k3::server {
 
 // -1 when no socket matches.
-int find_socket(const std::string& remote_addr, int remote_port, const std::string& local_addr, int local_port);
+int find_socket(const std::string& remote_addr, int remote_port, const std::string& local_addr,
+                int local_port);
 bool peer_closed(int fd);
 
 }  // namespace k3::server

@@ -72,7 +72,8 @@ json logprobs_json(const SessionEnv& env, const Call& call, const Choice& c, siz
     for (size_t i = from; i < to; ++i) {
       json e = token_entry(env.tok, c.toks[i].id, c.toks[i].logprob);
       e["top_logprobs"] = json::array();
-      for (const TokenLogprob& t : c.toks[i].top) e["top_logprobs"].push_back(token_entry(env.tok, t.id, t.logprob));
+      for (const TokenLogprob& t : c.toks[i].top)
+        e["top_logprobs"].push_back(token_entry(env.tok, t.id, t.logprob));
       content.push_back(std::move(e));
     }
     return {{"content", std::move(content)}};
@@ -247,7 +248,8 @@ void respond_stream(const SessionEnv& env, std::shared_ptr<Call> call, httplib::
             }
             json lp = logprobs_json(e, *call, c, c.toks_sent, c.toks.size());
             c.toks_sent = c.toks.size();
-            if (!send(chunk(e, *call, c.index, json::object(), finish_reason(c), std::move(lp)))) return gone();
+            if (!send(chunk(e, *call, c.index, json::object(), finish_reason(c), std::move(lp))))
+              return gone();
           }
           check_deadline(e, *call);
           if (!all_done && sink.is_writable && !sink.is_writable()) return gone();

@@ -174,7 +174,8 @@ void Server::Impl::routes() {
       ChatRequest cr;
       if (auto e = parse_chat(*body, model.config().n_vocab, &cr)) return send_error(res, *e);
       auto r = tmpl.render(cr.messages, cr.options);
-      if (!r.ok()) return send_error(res, {400, r.status().message(), "invalid_request_error", "messages", ""});
+      if (!r.ok())
+        return send_error(res, {400, r.status().message(), "invalid_request_error", "messages", ""});
       ids = std::move(r).value();
     } else if (body->is_object() && body->contains("prompt") && (*body)["prompt"].is_string()) {
       ids = tok.encode((*body)["prompt"].get<std::string>(), body->value("add_special_tokens", false));
@@ -207,7 +208,8 @@ void Server::Impl::routes() {
       metrics.requests++;
       if (draining) {
         metrics.errors++;
-        return send_error(res, {503, "the server is shutting down", "server_error", "", "server_shutting_down"});
+        return send_error(res,
+                          {503, "the server is shutting down", "server_error", "", "server_shutting_down"});
       }
       int fd = -2;  // not looked up yet
       SessionEnv env{model.config(),
@@ -220,7 +222,8 @@ void Server::Impl::routes() {
                      [this](const std::shared_ptr<Request>& r) { return submit(r); },
                      opt.timeout_s,
                      [&req, &fd] {
-                       if (fd == -2) fd = find_socket(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
+                       if (fd == -2)
+                         fd = find_socket(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
                        return peer_closed(fd);
                      }};
       run_session(env, chat, *body, res);

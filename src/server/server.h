@@ -38,7 +38,7 @@ struct ServerOptions {
   CacheOptions cache_options;  // n_pages = 0: sized from n_ctx and the scheduler's max_running
   SchedulerOptions sched;
   size_t max_body_bytes = 16u << 20;
-  double timeout_s = 600;       // per request (submission to last token), 0 = none
+  double timeout_s = 600;        // per request (submission to last token), 0 = none
   double shutdown_grace_s = 10;  // in-flight requests may finish this long after stop()
 };
 

@@ -77,7 +77,8 @@ void poll(const SessionEnv& env, const Call& call, Choice& c, std::vector<ChatEv
     wait_ms = 0;
     if (!e.done) {
       if (c.stop_hit) continue;
-      if (c.toks.empty()) env.metrics.observe_ttft(std::chrono::duration<double>(Clock::now() - c.t0).count());
+      if (c.toks.empty())
+        env.metrics.observe_ttft(std::chrono::duration<double>(Clock::now() - c.t0).count());
       env.metrics.generated_tokens++;
       c.toks.push_back({e.id, e.logprob, std::move(e.top), c.chars});
       if (!call.chat) c.chars += code_points(utf8_sanitize(env.tok.token_bytes(e.id)));
@@ -134,8 +135,8 @@ void run_session(const SessionEnv& env, bool chat, const json& body, httplib::Re
     call->gen = cr.gen;
     chat_opts = cr.options;
     if (!call->gen.model.empty() && call->gen.model != env.model_id)
-      return fail({404, "the model '" + call->gen.model + "' does not exist", "invalid_request_error", "model",
-                   "model_not_found"});
+      return fail({404, "the model '" + call->gen.model + "' does not exist", "invalid_request_error",
+                   "model", "model_not_found"});
     auto ids = env.tmpl.render(cr.messages, cr.options);
     if (!ids.ok()) return fail({400, ids.status().message(), "invalid_request_error", "messages", ""});
     call->prompts.push_back({std::move(ids).value(), ""});
@@ -144,8 +145,8 @@ void run_session(const SessionEnv& env, bool chat, const json& body, httplib::Re
     if (auto e = parse_completion(body, env.cfg.n_vocab, &cr)) return fail(*e);
     call->gen = cr.gen;
     if (!call->gen.model.empty() && call->gen.model != env.model_id)
-      return fail({404, "the model '" + call->gen.model + "' does not exist", "invalid_request_error", "model",
-                   "model_not_found"});
+      return fail({404, "the model '" + call->gen.model + "' does not exist", "invalid_request_error",
+                   "model", "model_not_found"});
     for (const CompletionPrompt& p : cr.prompts) {
       PromptInfo info;
       info.ids = p.ids ? *p.ids : env.tok.encode(p.text, false);

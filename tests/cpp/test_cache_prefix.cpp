@@ -255,7 +255,6 @@ TEST(CachePrefix, Rule3EvictionDropsSiblingGroups) {
   }
 }
 
-
 // Dense checkpoints: a prompt fed in hash-block forwards keeps a checkpoint at every boundary, so a later
 // prompt that diverges at p resumes at floor(p / T_h) T_h; the default keeps only the turn boundary.
 TEST(CachePrefix, DenseCheckpointsResumeWithinOneHashBlockOfADivergence) {

@@ -2,7 +2,8 @@
 //
 //   k3 serve -m DIR [--host 127.0.0.1] [--port 8080] [--parallel N] [-c/--ctx-size N] [--api-key KEY]
 //            [--alias ID] [--max-queue N] [--step-tokens N] [--cache-block N] [--cache-hash N]
-//            [--cache-pages N] [--no-cache] [--cache-dense-checkpoints] [--timeout S] [--shutdown-grace S] [--precision fp32|bf16]
+//            [--cache-pages N] [--no-cache] [--cache-dense-checkpoints] [--timeout S] [--shutdown-grace S]
+//            [--precision fp32|bf16]
 //            [-t THREADS]
 //
 // Serves until SIGINT / SIGTERM; then stops accepting, lets in-flight requests finish for
