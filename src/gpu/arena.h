@@ -52,15 +52,15 @@ class DeviceArena {
   // an aligned pointer (not necessarily unique).
   Result<void*> alloc_bytes(size_t bytes, size_t align = 256) {
     if (align == 0 || (align & (align - 1)) != 0)
-      return Status(Code::invalid_argument, std::string(name_) + ": alignment " + std::to_string(align) +
-                                                " is not a power of two");
+      return Status(Code::invalid_argument,
+                    std::string(name_) + ": alignment " + std::to_string(align) + " is not a power of two");
     const uintptr_t b = reinterpret_cast<uintptr_t>(base_);
     const size_t start = size_t(((b + used_ + align - 1) & ~uintptr_t(align - 1)) - b);
     if (base_ == nullptr || start > capacity_ || bytes > capacity_ - start)
       return Status(Code::out_of_memory,
-                    std::string(name_) + ": out of memory: asked " + std::to_string(bytes) + " bytes (align " +
-                        std::to_string(align) + "), " + std::to_string(capacity_ - used_) + " of " +
-                        std::to_string(capacity_) + " bytes left");
+                    std::string(name_) + ": out of memory: asked " + std::to_string(bytes) +
+                        " bytes (align " + std::to_string(align) + "), " + std::to_string(capacity_ - used_) +
+                        " of " + std::to_string(capacity_) + " bytes left");
     used_ = start + bytes;
     if (used_ > high_water_) high_water_ = used_;
     return static_cast<void*>(base_ + start);

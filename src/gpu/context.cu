@@ -25,8 +25,8 @@ Status make(GpuContext* g, const ContextOptions& opt) {
     return Status(Code::unsupported, "no CUDA device");
   }
   if (opt.device < 0 || opt.device >= n)
-    return Status(Code::invalid_argument,
-                  "CUDA device " + std::to_string(opt.device) + " does not exist (" + std::to_string(n) + " visible)");
+    return Status(Code::invalid_argument, "CUDA device " + std::to_string(opt.device) + " does not exist (" +
+                                              std::to_string(n) + " visible)");
   K3_CUDA_CHECK(cudaSetDevice(opt.device));
   cudaStream_t stream = nullptr;
   K3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -35,11 +35,13 @@ Status make(GpuContext* g, const ContextOptions& opt) {
   K3_RETURN_IF_ERROR(cublas_status(cublasCreate(&h), "cublasCreate"));
   g->cublas = h;
   K3_RETURN_IF_ERROR(cublas_status(cublasSetStream(h, stream), "cublasSetStream"));
-  K3_RETURN_IF_ERROR(cublas_status(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode"));
+  K3_RETURN_IF_ERROR(
+      cublas_status(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode"));
   // fp32 GEMMs ask for CUBLAS_COMPUTE_32F_PEDANTIC (or _FAST_TF32 when allowed) explicitly; the handle's
   // math mode only matters for legacy calls, where it must not silently enable TF32.
-  K3_RETURN_IF_ERROR(cublas_status(
-      cublasSetMathMode(h, opt.allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
+  K3_RETURN_IF_ERROR(
+      cublas_status(cublasSetMathMode(h, opt.allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
+                    "cublasSetMathMode"));
   cublasLtHandle_t lt = nullptr;
   K3_RETURN_IF_ERROR(cublas_status(cublasLtCreate(&lt), "cublasLtCreate"));
   g->cublaslt = lt;
@@ -48,7 +50,8 @@ Status make(GpuContext* g, const ContextOptions& opt) {
     const cudaError_t err = cudaMalloc(&ws, opt.workspace_bytes);
     if (err != cudaSuccess) {
       cudaGetLastError();
-      return Status(Code::out_of_memory, "GPU workspace: cudaMalloc of " + std::to_string(opt.workspace_bytes) +
+      return Status(Code::out_of_memory, "GPU workspace: cudaMalloc of " +
+                                             std::to_string(opt.workspace_bytes) +
                                              " bytes failed: " + cudaGetErrorString(err));
     }
     g->workspace = ws;

@@ -6,7 +6,9 @@
 namespace k3::gpu {
 
 namespace {
-Status no_cuda() { return Status(Code::unsupported, "no CUDA device (built without CUDA: -DK3_CUDA=ON)"); }
+Status no_cuda() {
+  return Status(Code::unsupported, "no CUDA device (built without CUDA: -DK3_CUDA=ON)");
+}
 }  // namespace
 
 Status create_context(GpuContext* g, const ContextOptions&) {
@@ -16,17 +18,29 @@ Status create_context(GpuContext* g, const ContextOptions&) {
 void destroy_context(GpuContext* g) {
   if (g) *g = GpuContext{};
 }
-Status synchronize(GpuContext&) { return no_cuda(); }
-Status last_error() { return {}; }
+Status synchronize(GpuContext&) {
+  return no_cuda();
+}
+Status last_error() {
+  return {};
+}
 Status malloc_device(void** ptr, size_t) {
   *ptr = nullptr;
   return no_cuda();
 }
 void free_device(void*) {}
-Status copy_to_device(void*, const void*, size_t, GpuContext&) { return no_cuda(); }
-Status copy_to_host(void*, const void*, size_t, GpuContext&) { return no_cuda(); }
-Status copy_on_device(void*, const void*, size_t, GpuContext&) { return no_cuda(); }
-Status memset_device(void*, int, size_t, GpuContext&) { return no_cuda(); }
+Status copy_to_device(void*, const void*, size_t, GpuContext&) {
+  return no_cuda();
+}
+Status copy_to_host(void*, const void*, size_t, GpuContext&) {
+  return no_cuda();
+}
+Status copy_on_device(void*, const void*, size_t, GpuContext&) {
+  return no_cuda();
+}
+Status memset_device(void*, int, size_t, GpuContext&) {
+  return no_cuda();
+}
 
 Status DeviceArena::init(size_t, const char* name) {
   destroy();

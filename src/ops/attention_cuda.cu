@@ -27,9 +27,9 @@ __host__ __device__ inline int64_t src_offset(const AttentionParams& p) {
 
 __global__ void attention_kernel(AttentionParams p) {
   extern __shared__ float smem[];
-  float* q_s = smem;                                 // [d_qk]
-  float* acc = q_s + p.d_qk;                         // [d_v]
-  float* pr = acc + p.d_v;                           // [kTile] scores, then probabilities
+  float* q_s = smem;                                                // [d_qk]
+  float* acc = q_s + p.d_qk;                                        // [d_v]
+  float* pr = acc + p.d_v;                                          // [kTile] scores, then probabilities
   int64_t* src = reinterpret_cast<int64_t*>(smem + src_offset(p));  // [kTile]
   const int64_t i = blockIdx.x / p.n_head;
   const int h = int(blockIdx.x % p.n_head);
@@ -64,7 +64,7 @@ __global__ void attention_kernel(AttentionParams p) {
     float m_tile = -INFINITY;
     for (int r = 0; r < kTile; ++r) m_tile = fmaxf(m_tile, pr[r]);
     const float m_new = fmaxf(m, m_tile);
-    __syncthreads();  // everyone has read the scores before they become probabilities
+    __syncthreads();                   // everyone has read the scores before they become probabilities
     if (m_new == -INFINITY) continue;  // nothing valid yet (uniform across the block)
     if (tid < kTile) pr[tid] = src[tid] >= 0 ? expf(pr[tid] - m_new) : 0.f;
     __syncthreads();

@@ -16,33 +16,35 @@
 
 #include "core/status.h"
 
-#define K3_CUDA_ASSERT(call)                                                                       \
-  do {                                                                                             \
-    const cudaError_t k3_e_ = (call);                                                              \
-    if (k3_e_ != cudaSuccess) {                                                                    \
+#define K3_CUDA_ASSERT(call)                                                                           \
+  do {                                                                                                 \
+    const cudaError_t k3_e_ = (call);                                                                  \
+    if (k3_e_ != cudaSuccess) {                                                                        \
       std::fprintf(stderr, "k3: %s failed: %s at %s:%d\n", #call, cudaGetErrorString(k3_e_), __FILE__, \
-                   __LINE__);                                                                      \
-      std::abort();                                                                                \
-    }                                                                                              \
+                   __LINE__);                                                                          \
+      std::abort();                                                                                    \
+    }                                                                                                  \
   } while (0)
 
 // After a <<<...>>> launch: a bad configuration (too much shared memory, a zero grid) fails here.
 #define K3_CUDA_LAUNCH_CHECK() K3_CUDA_ASSERT(cudaGetLastError())
 
-#define K3_CUBLAS_ASSERT(call)                                                                          \
-  do {                                                                                                  \
-    const cublasStatus_t k3_s_ = (call);                                                                \
-    if (k3_s_ != CUBLAS_STATUS_SUCCESS) {                                                               \
+#define K3_CUBLAS_ASSERT(call)                                                                            \
+  do {                                                                                                    \
+    const cublasStatus_t k3_s_ = (call);                                                                  \
+    if (k3_s_ != CUBLAS_STATUS_SUCCESS) {                                                                 \
       std::fprintf(stderr, "k3: %s failed: %s at %s:%d\n", #call, cublasGetStatusString(k3_s_), __FILE__, \
-                   __LINE__);                                                                           \
-      std::abort();                                                                                     \
-    }                                                                                                   \
+                   __LINE__);                                                                             \
+      std::abort();                                                                                       \
+    }                                                                                                     \
   } while (0)
 
 namespace k3::cuda_ops {
 
 // bf16 round-to-nearest-even kept in fp32 (core/dtype.h round_bf16 on the device; NaN stays NaN).
-__device__ __forceinline__ float round_bf16_dev(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+__device__ __forceinline__ float round_bf16_dev(float v) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -83,6 +85,8 @@ inline int row_threads(int64_t d) {
   return t;
 }
 
-inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
+inline unsigned blocks_for(int64_t n, int threads) {
+  return unsigned((n + threads - 1) / threads);
+}
 
 }  // namespace k3::cuda_ops

@@ -11,7 +11,9 @@ namespace {
 
 using namespace cuda_ops;
 
-__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
 
 __global__ void glu_kernel(GluParams p, int64_t ldg, int64_t ldu, int64_t ldh) {
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;

@@ -1,5 +1,6 @@
-// kda_cuda.cu: the generic fp32 KDA kernels on the GPU (kda.h), any d_k <= 256 and any d_v: the token-by-token
-// recurrence, written for correctness and odd shapes (the fast bf16 kernels are ops/kda_fast.h).
+// kda_cuda.cu: the generic fp32 KDA kernels on the GPU (kda.h), any d_k <= 256 and any d_v: the
+// token-by-token recurrence, written for correctness and odd shapes (the fast bf16 kernels are
+// ops/kda_fast.h).
 //
 // Per head h, per token t (fp32, accurate expf), column b of S [d_k, d_v] only needs the shared vectors
 // exp(g_t), k_t, q_t and its own v_t[b]:
@@ -18,7 +19,7 @@ namespace k3 {
 namespace {
 
 constexpr int kCols = 32, kSlices = 8, kMaxK = kCols * kSlices;  // 256 threads per block
-constexpr int kRegs = kMaxK / kSlices;                            // S entries per thread
+constexpr int kRegs = kMaxK / kSlices;                           // S entries per thread
 
 __global__ void __launch_bounds__(kCols* kSlices) kda_recurrent_kernel(KdaParams p) {
   __shared__ float q_s[kMaxK], k_s[kMaxK], eg_s[kMaxK], v_s[kCols];
@@ -45,7 +46,8 @@ __global__ void __launch_bounds__(kCols* kSlices) kda_recurrent_kernel(KdaParams
       k_s[a] = p.k[row * K + a];
       eg_s[a] = expf(p.g[row * K + a]);
     }
-    if (threadIdx.x < kCols) v_s[threadIdx.x] = b0 + int(threadIdx.x) < V ? p.v[row * V + b0 + threadIdx.x] : 0.f;
+    if (threadIdx.x < kCols)
+      v_s[threadIdx.x] = b0 + int(threadIdx.x) < V ? p.v[row * V + b0 + threadIdx.x] : 0.f;
     const float beta = p.beta[row];
     __syncthreads();
     float part = 0.f;
@@ -99,6 +101,8 @@ void kda_recurrent_cuda(const KdaParams& p, GpuContext& g) {
   K3_CUDA_LAUNCH_CHECK();
 }
 
-void kda_chunk_cuda(const KdaParams& p, GpuContext& g) { kda_recurrent_cuda(p, g); }
+void kda_chunk_cuda(const KdaParams& p, GpuContext& g) {
+  kda_recurrent_cuda(p, g);
+}
 
 }  // namespace k3

@@ -40,17 +40,22 @@ __device__ __forceinline__ float e2m1(uint32_t nib) {  // {0, .5, 1, 1.5, 2, 3, 
   uint32_t bits = em >= 2 ? (((em >> 1) + 126u) << 23) | ((em & 1u) << 22) : (em ? 126u << 23 : 0u);
   return __uint_as_float(bits | ((nib & 8u) << 28));
 }
-__device__ __forceinline__ float e8m0(uint8_t e) { return __uint_as_float(e ? uint32_t(e) << 23 : 0x00400000u); }
+__device__ __forceinline__ float e8m0(uint8_t e) {
+  return __uint_as_float(e ? uint32_t(e) << 23 : 0x00400000u);
+}
 __device__ __forceinline__ float fp8(uint8_t b) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(b), __NV_E4M3)));
 }
 
 // W[o, c] as fp32 (MXFP4 with its scale: e2m1 * 2^(e-127) is exact in fp32 for the scales checkpoints use).
 template <WK K>
-__device__ __forceinline__ float weight_at(const void* w, const uint8_t* scale, int64_t in, int64_t o, int64_t c) {
+__device__ __forceinline__ float weight_at(const void* w, const uint8_t* scale, int64_t in, int64_t o,
+                                           int64_t c) {
   if constexpr (K == WK::f32) return static_cast<const float*>(w)[o * in + c];
-  if constexpr (K == WK::bf16) return __uint_as_float(uint32_t(static_cast<const uint16_t*>(w)[o * in + c]) << 16);
-  if constexpr (K == WK::f16) return __half2float(__ushort_as_half(static_cast<const uint16_t*>(w)[o * in + c]));
+  if constexpr (K == WK::bf16)
+    return __uint_as_float(uint32_t(static_cast<const uint16_t*>(w)[o * in + c]) << 16);
+  if constexpr (K == WK::f16)
+    return __half2float(__ushort_as_half(static_cast<const uint16_t*>(w)[o * in + c]));
   if constexpr (K == WK::fp8) return fp8(static_cast<const uint8_t*>(w)[o * in + c]);
   if constexpr (K == WK::mxfp4) {
     const uint8_t byte = static_cast<const uint8_t*>(w)[o * (in / 2) + c / 2];
@@ -146,13 +151,15 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemvArgs a) {
 
 // dst[r, c] = W[r0 + r, c] for r < n_rows, as fp32 or bf16 (exact for the dtypes routed here).
 template <WK K, class T>
-__global__ void decode_rows_kernel(const void* w, const uint8_t* scale, int64_t in, int64_t r0, int64_t n_rows,
-                                   T* dst) {
+__global__ void decode_rows_kernel(const void* w, const uint8_t* scale, int64_t in, int64_t r0,
+                                   int64_t n_rows, T* dst) {
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= n_rows * in) return;
   const float v = weight_at<K>(w, scale, in, r0 + e / in, e % in);
-  if constexpr (sizeof(T) == 2) dst[e] = __float2bfloat16_rn(v);
-  else dst[e] = v;
+  if constexpr (sizeof(T) == 2)
+    dst[e] = __float2bfloat16_rn(v);
+  else
+    dst[e] = v;
 }
 
 // xb[t, i] = bf16(x[t, i]) for i < in, 0 up to ldb (x is bf16-exact in bf16 mode, so this is exact).
@@ -167,11 +174,16 @@ __global__ void x_to_bf16_kernel(const float* x, int64_t ldx, int64_t in, int64_
 WK kind_of(const LinearWeight& W) {
   if (W.is_mxfp4()) return WK::mxfp4;
   switch (W.dtype) {
-    case DType::f32: return WK::f32;
-    case DType::bf16: return WK::bf16;
-    case DType::f16: return WK::f16;
-    case DType::f8_e4m3: return WK::fp8;
-    default: K3_ASSERT(!"linear_cuda: unsupported weight dtype");
+    case DType::f32:
+      return WK::f32;
+    case DType::bf16:
+      return WK::bf16;
+    case DType::f16:
+      return WK::f16;
+    case DType::f8_e4m3:
+      return WK::fp8;
+    default:
+      K3_ASSERT(!"linear_cuda: unsupported weight dtype");
   }
   return WK::f32;
 }
@@ -180,25 +192,38 @@ template <WK K>
 void gemv(const LinearWeight& W, const GemvArgs& a, GpuContext& g) {
   const bool vec = reinterpret_cast<uintptr_t>(W.w) % 16 == 0 && a.row_bytes % 16 == 0;
   const unsigned grid = blocks_for(W.out, kGemvWarps);
-  if (vec) gemv_kernel<K, true><<<grid, kGemvWarps * 32, 0, g.stream>>>(a);
-  else gemv_kernel<K, false><<<grid, kGemvWarps * 32, 0, g.stream>>>(a);
+  if (vec)
+    gemv_kernel<K, true><<<grid, kGemvWarps * 32, 0, g.stream>>>(a);
+  else
+    gemv_kernel<K, false><<<grid, kGemvWarps * 32, 0, g.stream>>>(a);
   K3_CUDA_LAUNCH_CHECK();
 }
 
 template <WK K, class T>
 void decode_rows(const LinearWeight& W, int64_t r0, int64_t n_rows, T* dst, GpuContext& g) {
-  decode_rows_kernel<K, T><<<blocks_for(n_rows * W.in, 256), 256, 0, g.stream>>>(W.w, W.scale, W.in, r0, n_rows, dst);
+  decode_rows_kernel<K, T>
+      <<<blocks_for(n_rows * W.in, 256), 256, 0, g.stream>>>(W.w, W.scale, W.in, r0, n_rows, dst);
   K3_CUDA_LAUNCH_CHECK();
 }
 
 template <class T>
 void decode_rows_any(WK k, const LinearWeight& W, int64_t r0, int64_t n_rows, T* dst, GpuContext& g) {
   switch (k) {
-    case WK::f32: decode_rows<WK::f32>(W, r0, n_rows, dst, g); break;
-    case WK::bf16: decode_rows<WK::bf16>(W, r0, n_rows, dst, g); break;
-    case WK::f16: decode_rows<WK::f16>(W, r0, n_rows, dst, g); break;
-    case WK::fp8: decode_rows<WK::fp8>(W, r0, n_rows, dst, g); break;
-    case WK::mxfp4: decode_rows<WK::mxfp4>(W, r0, n_rows, dst, g); break;
+    case WK::f32:
+      decode_rows<WK::f32>(W, r0, n_rows, dst, g);
+      break;
+    case WK::bf16:
+      decode_rows<WK::bf16>(W, r0, n_rows, dst, g);
+      break;
+    case WK::f16:
+      decode_rows<WK::f16>(W, r0, n_rows, dst, g);
+      break;
+    case WK::fp8:
+      decode_rows<WK::fp8>(W, r0, n_rows, dst, g);
+      break;
+    case WK::mxfp4:
+      decode_rows<WK::mxfp4>(W, r0, n_rows, dst, g);
+      break;
   }
 }
 
@@ -233,11 +258,13 @@ void gemm(WK k, const LinearWeight& W, const LinearParams& p, int64_t ldx, int64
     K3_ASSERT(row_tile >= 1 && "linear_cuda: GPU workspace too small for one decoded weight row");
   }
   const float alpha = 1.f, beta = 0.f;
-  const cublasComputeType_t fp32_compute = g.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_PEDANTIC;
+  const cublasComputeType_t fp32_compute =
+      g.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_PEDANTIC;
   for (int64_t t0 = 0; t0 < p.n_tok; t0 += tok_tile) {
     const int64_t nt = std::min(tok_tile, p.n_tok - t0);
     if (bf16) {
-      x_to_bf16_kernel<<<blocks_for(nt * ldb, 256), 256, 0, g.stream>>>(p.x + t0 * ldx, ldx, W.in, nt, ldb, xb);
+      x_to_bf16_kernel<<<blocks_for(nt * ldb, 256), 256, 0, g.stream>>>(p.x + t0 * ldx, ldx, W.in, nt, ldb,
+                                                                        xb);
       K3_CUDA_LAUNCH_CHECK();
     }
     for (int64_t r0 = 0; r0 < W.out; r0 += row_tile) {
@@ -280,11 +307,21 @@ void linear_cuda(const LinearWeight& W, const LinearParams& p, GpuContext& g) {
   a.row_bytes = k == WK::mxfp4 ? W.in / 2 : W.in * int64_t(k == WK::f32 ? 4 : k == WK::fp8 ? 1 : 2);
   a.x_vec = reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && ldx % 4 == 0;
   switch (k) {
-    case WK::f32: gemv<WK::f32>(W, a, g); break;
-    case WK::bf16: gemv<WK::bf16>(W, a, g); break;
-    case WK::f16: gemv<WK::f16>(W, a, g); break;
-    case WK::fp8: gemv<WK::fp8>(W, a, g); break;
-    case WK::mxfp4: gemv<WK::mxfp4>(W, a, g); break;
+    case WK::f32:
+      gemv<WK::f32>(W, a, g);
+      break;
+    case WK::bf16:
+      gemv<WK::bf16>(W, a, g);
+      break;
+    case WK::f16:
+      gemv<WK::f16>(W, a, g);
+      break;
+    case WK::fp8:
+      gemv<WK::fp8>(W, a, g);
+      break;
+    case WK::mxfp4:
+      gemv<WK::mxfp4>(W, a, g);
+      break;
   }
 }
 

@@ -23,7 +23,8 @@ __global__ void rms_norm_kernel(RmsNormParams p, int64_t ldx, int64_t ldy) {
   const bool bf16 = p.precision == Precision::bf16;
   for (int64_t i = threadIdx.x; i < p.d; i += blockDim.x) {
     const float w = p.w ? p.w[i] : 1.0f;
-    y[i] = bf16 ? (p.w ? round_bf16_dev(round_bf16_dev(x[i] * r) * w) : round_bf16_dev(x[i] * r)) : x[i] * r * w;
+    y[i] =
+        bf16 ? (p.w ? round_bf16_dev(round_bf16_dev(x[i] * r) * w) : round_bf16_dev(x[i] * r)) : x[i] * r * w;
   }
 }
 

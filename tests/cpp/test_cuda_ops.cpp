@@ -121,7 +121,8 @@ class Dev {
 
 double nmse(const std::vector<float>& y, const std::vector<float>& ref) {
   double e = 0, d = 0;
-  for (size_t i = 0; i < y.size(); ++i) e += (double(y[i]) - ref[i]) * (double(y[i]) - ref[i]), d += double(ref[i]) * ref[i];
+  for (size_t i = 0; i < y.size(); ++i)
+    e += (double(y[i]) - ref[i]) * (double(y[i]) - ref[i]), d += double(ref[i]) * ref[i];
   return d > 0 ? e / d : e;
 }
 
@@ -174,7 +175,8 @@ TEST_F(CudaOps, LinearMxfp4DecodeAndPrefillAgree) {
       std::vector<float> y0(ref.size(), NAN);
       p.x = dev.up(x), p.y = dev.up(y0);
       linear_cuda(Wd, p, g());
-      EXPECT_LT(nmse(dev.down(p.y, ref.size()), ref), 1e-10) << "n_tok " << n_tok << " " << precision_name(prec);
+      EXPECT_LT(nmse(dev.down(p.y, ref.size()), ref), 1e-10)
+          << "n_tok " << n_tok << " " << precision_name(prec);
     }
   }
 }
@@ -185,7 +187,9 @@ TEST_F(CudaOps, LinearTilesThroughASmallWorkspace) {
   GpuContext& gs = small.get();
   const int64_t in = 256, out = 300, n_tok = 100;
   std::vector<uint8_t> w8(size_t(out * in));
-  for (auto& b : w8) do b = uint8_t(rng_()); while ((b & 0x7f) == 0x7f);  // no fp8 NaN codes
+  for (auto& b : w8) do
+      b = uint8_t(rng_());
+    while ((b & 0x7f) == 0x7f);  // no fp8 NaN codes
   std::vector<uint16_t> w16(size_t(out * in));
   for (auto& h : w16) h = f32_to_bf16(std::normal_distribution<float>(0.f, 0.1f)(rng_));
   Dev dev(gs);
@@ -206,15 +210,18 @@ TEST_F(CudaOps, LinearTilesThroughASmallWorkspace) {
     std::vector<float> y0(ref.size(), NAN);
     p.x = dev.up(x), p.y = dev.up(y0);
     linear_cuda(LinearWeight{c.dt, out, in, c.dev, nullptr}, p, gs);
-    EXPECT_LT(nmse(dev.down(p.y, ref.size()), ref), 1e-10) << dtype_name(c.dt) << " " << precision_name(c.prec);
+    EXPECT_LT(nmse(dev.down(p.y, ref.size()), ref), 1e-10)
+        << dtype_name(c.dt) << " " << precision_name(c.prec);
   }
 }
 
 TEST_F(CudaOps, KdaChunkEqualsReferenceAtK128) {
   const int64_t T = 20;
   const int H = 2, K = 128, V = 40;
-  std::vector<float> q = randn(size_t(T * H * K), 0.05f), k = randn(q.size(), 0.088f), v = randn(size_t(T * H * V));
-  std::vector<float> gl(q.size()), beta(size_t(T * H)), S = randn(size_t(H * K * V), 0.1f), o(size_t(T * H * V));
+  std::vector<float> q = randn(size_t(T * H * K), 0.05f), k = randn(q.size(), 0.088f),
+                     v = randn(size_t(T * H * V));
+  std::vector<float> gl(q.size()), beta(size_t(T * H)), S = randn(size_t(H * K * V), 0.1f),
+                                                        o(size_t(T * H * V));
   std::uniform_real_distribution<float> ug(-3.f, -0.01f), ub(0.05f, 0.95f);
   for (float& x : gl) x = ug(rng_);
   for (float& x : beta) x = ub(rng_);
@@ -222,7 +229,8 @@ TEST_F(CudaOps, KdaChunkEqualsReferenceAtK128) {
   KdaParams p{T, H, K, V, q.data(), k.data(), v.data(), gl.data(), beta.data(), S_ref.data(), o.data(), 64};
   kda_ref(p);
   Dev dev(g());
-  KdaParams pd{T, H, K, V, dev.up(q), dev.up(k), dev.up(v), dev.up(gl), dev.up(beta), dev.up(S), dev.up(o), 64};
+  KdaParams pd{T,         H,         K, V, dev.up(q), dev.up(k), dev.up(v), dev.up(gl), dev.up(beta),
+               dev.up(S), dev.up(o), 64};
   kda_chunk_cuda(pd, g());
   EXPECT_LT(nmse(dev.down(pd.o, o.size()), o), 1e-10);
   EXPECT_LT(nmse(dev.down(pd.S, S.size()), S_ref), 1e-10);
@@ -231,7 +239,8 @@ TEST_F(CudaOps, KdaChunkEqualsReferenceAtK128) {
 TEST_F(CudaOps, AttentionCausalWithPrefixMatchesReference) {
   const int64_t n_q = 6, n_past = 40, n_kv = n_q + n_past;
   const int H = 3, D = 64, DV = 32;
-  std::vector<float> q = randn(size_t(n_q * H * D)), k = randn(size_t(n_kv * H * D)), v = randn(size_t(n_kv * H * DV));
+  std::vector<float> q = randn(size_t(n_q * H * D)), k = randn(size_t(n_kv * H * D)),
+                     v = randn(size_t(n_kv * H * DV));
   std::vector<float> ref(size_t(n_q * H * DV));
   AttentionParams p;
   p.n_q = n_q, p.n_kv = n_kv, p.n_head = H, p.d_qk = D, p.d_v = DV;

@@ -1,9 +1,9 @@
 // cases_act.cpp: test-ops cases for glu (SiTU / SiLU), sigmoid and softmax (src/ops/{glu,sigmoid,softmax}.h).
 //
-// Inputs: SiTU g in (-10, 10), u in (-40, 40) so both tanh caps (beta1 = 4, beta2 = 25) are exercised, and the
-// key-absent case (beta2 <= 0); SiLU g in (-8, 8), u in (-4, 4); g, u come from one fused gate_up row
-// (u = g + d, stride 2d) in some cases; sigmoid x in (-20, 20); softmax x in (-10, 10) times a scale, with
-// some rows partly masked by -inf. Bounds: 1e-9 fp32, 1e-6 when the output is rounded to bf16.
+// Inputs: SiTU g in (-10, 10), u in (-40, 40) so both tanh caps (beta1 = 4, beta2 = 25) are exercised, and
+// the key-absent case (beta2 <= 0); SiLU g in (-8, 8), u in (-4, 4); g, u come from one fused gate_up row (u
+// = g + d, stride 2d) in some cases; sigmoid x in (-20, 20); softmax x in (-10, 10) times a scale, with some
+// rows partly masked by -inf. Bounds: 1e-9 fp32, 1e-6 when the output is rounded to bf16.
 #include <cmath>
 #include <memory>
 
@@ -49,8 +49,10 @@ void add_glu(CaseList& cases, const RowShape& s, GluKind kind, float beta2, Prec
         p.ldh = s.d + s.pad;
         p.beta2 = beta2;
         p.precision = prec;
-        if (b == Backend::ref) glu_ref(p);
-        else if (b == Backend::cpu) glu_cpu(p, ctx.pool);
+        if (b == Backend::ref)
+          glu_ref(p);
+        else if (b == Backend::cpu)
+          glu_cpu(p, ctx.pool);
 #ifdef K3_HAVE_CUDA
         else {
           const float* gu = ctx.dev_in(st->gu);
@@ -81,8 +83,10 @@ void add_sigmoid(CaseList& cases, const RowShape& s, bool perf) {
         p.ldx = ld;
         p.y = ctx.out_f32(0, s.n_row * ld);
         p.ldy = ld;
-        if (b == Backend::ref) sigmoid_ref(p);
-        else if (b == Backend::cpu) sigmoid_cpu(p, ctx.pool);
+        if (b == Backend::ref)
+          sigmoid_ref(p);
+        else if (b == Backend::cpu)
+          sigmoid_cpu(p, ctx.pool);
 #ifdef K3_HAVE_CUDA
         else {
           p.x = ctx.dev_in(*st);
@@ -116,8 +120,10 @@ void add_softmax(CaseList& cases, const RowShape& s, float scale, bool masked, b
         p.y = ctx.out_f32(0, s.n_row * ld);
         p.ldy = ld;
         p.scale = scale;
-        if (b == Backend::ref) softmax_ref(p);
-        else if (b == Backend::cpu) softmax_cpu(p, ctx.pool);
+        if (b == Backend::ref)
+          softmax_ref(p);
+        else if (b == Backend::cpu)
+          softmax_cpu(p, ctx.pool);
 #ifdef K3_HAVE_CUDA
         else {
           p.x = ctx.dev_in(*st);

@@ -25,15 +25,22 @@ class LinearCase : public OpCase {
  public:
   LinearCase(WType wt, Precision prec, int64_t n_tok, int64_t in, int64_t out, int64_t pad_x, int64_t pad_y,
              bool perf = false, bool specials = false)
-      : wt_(wt), prec_(prec), n_tok_(n_tok), in_(in), out_(out), ldx_(in + pad_x), ldy_(out + pad_y),
-        perf_(perf), specials_(specials) {}
+      : wt_(wt),
+        prec_(prec),
+        n_tok_(n_tok),
+        in_(in),
+        out_(out),
+        ldx_(in + pad_x),
+        ldy_(out + pad_y),
+        perf_(perf),
+        specials_(specials) {}
 
   std::string op() const override { return "linear"; }
   std::string shape() const override {
     return "n_tok=" + std::to_string(n_tok_) + " in=" + std::to_string(in_) + " out=" + std::to_string(out_) +
            " w=" + wtype_name(wt_) + " x=" + precision_name(prec_) +
-           (ldx_ != in_ ? " ldx=" + std::to_string(ldx_) : "") + (ldy_ != out_ ? " ldy=" + std::to_string(ldy_) : "") +
-           (specials_ ? " x-has-nan-inf" : "");
+           (ldx_ != in_ ? " ldx=" + std::to_string(ldx_) : "") +
+           (ldy_ != out_ ? " ldy=" + std::to_string(ldy_) : "") + (specials_ ? " x-has-nan-inf" : "");
   }
   double max_nmse() const override { return 1e-9; }
   bool supports(Backend b) const override { return b != Backend::cuda || kCudaBuilt; }
@@ -43,8 +50,10 @@ class LinearCase : public OpCase {
 
   void init(Rng& rng) override {
     x_.resize(size_t(n_tok_ * ldx_));
-    if (prec_ == Precision::bf16) fill_uniform_bf16(rng, x_.data(), int64_t(x_.size()), -2.f, 2.f);
-    else fill_uniform(rng, x_.data(), int64_t(x_.size()), -2.f, 2.f);
+    if (prec_ == Precision::bf16)
+      fill_uniform_bf16(rng, x_.data(), int64_t(x_.size()), -2.f, 2.f);
+    else
+      fill_uniform(rng, x_.data(), int64_t(x_.size()), -2.f, 2.f);
     if (specials_ && n_tok_ >= 3) {  // token 1 gets a NaN, token 2 a +inf (a zero weight then gives NaN)
       x_[size_t(1 * ldx_ + 3)] = NAN;
       x_[size_t(2 * ldx_ + in_ / 2)] = INFINITY;
@@ -101,8 +110,10 @@ class LinearCase : public OpCase {
     p.y = ctx.out_f32(0, n_tok_ * ldy_);
     p.ldy = ldy_;
     p.x_precision = prec_;
-    if (b == Backend::ref) linear_ref(W_, p);
-    else if (b == Backend::cpu) linear_cpu(W_, p, ctx.pool);
+    if (b == Backend::ref)
+      linear_ref(W_, p);
+    else if (b == Backend::cpu)
+      linear_cpu(W_, p, ctx.pool);
 #ifdef K3_HAVE_CUDA
     else {
       LinearWeight Wd = W_;
@@ -131,8 +142,8 @@ K3_OP_CASES(linear_cases) {
   struct Shape {
     int64_t n_tok, in, out, pad_x, pad_y;
   };
-  const Shape shapes[] = {{1, 64, 13, 0, 0},   {1, 1000, 37, 5, 0}, {17, 96, 40, 0, 3},
-                          {33, 130, 9, 7, 0},  {127, 256, 67, 0, 0}, {989, 48, 21, 16, 1}};
+  const Shape shapes[] = {{1, 64, 13, 0, 0},  {1, 1000, 37, 5, 0},  {17, 96, 40, 0, 3},
+                          {33, 130, 9, 7, 0}, {127, 256, 67, 0, 0}, {989, 48, 21, 16, 1}};
   for (WType wt : {WType::f32, WType::bf16, WType::f16, WType::fp8, WType::mxfp4})
     for (Precision prec : {Precision::fp32, Precision::bf16})
       for (const Shape& s : shapes) {

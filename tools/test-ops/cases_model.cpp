@@ -91,8 +91,10 @@ class KdaCase : public OpCase {
       p.o = ctx.dev_out_f32(0, n_tok_ * H_ * V_);
       p.S = ctx.dev_out_f32(1, int64_t(S0_.size()));
       ctx.gpu_run([&] {
-        if (recurrent_) kda_recurrent_cuda(p, *ctx.gpu);
-        else kda_chunk_cuda(p, *ctx.gpu);
+        if (recurrent_)
+          kda_recurrent_cuda(p, *ctx.gpu);
+        else
+          kda_chunk_cuda(p, *ctx.gpu);
       });
     }
 #endif

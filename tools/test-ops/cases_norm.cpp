@@ -1,4 +1,5 @@
-// cases_norm.cpp: test-ops cases for rms_norm, layer_norm and l2norm (src/ops/{rms_norm,layer_norm,l2norm}.h).
+// cases_norm.cpp: test-ops cases for rms_norm, layer_norm and l2norm
+// (src/ops/{rms_norm,layer_norm,l2norm}.h).
 //
 // Inputs: x ~ N(0, 2^2) plus a per-row offset (so the mean matters for layer_norm), weights in (0.5, 1.5),
 // bias in (-1, 1). rms_norm in both precisions (bf16 mode: inputs bf16-rounded, as the model feeds it).
@@ -53,8 +54,10 @@ void add_rms_norm(CaseList& cases, const RowShape& s, Precision prec, bool with_
         p.y = ctx.out_f32(0, p.n_row * st->ld());
         p.ldy = st->ld();
         p.precision = prec;
-        if (b == Backend::ref) rms_norm_ref(p);
-        else if (b == Backend::cpu) rms_norm_cpu(p, ctx.pool);
+        if (b == Backend::ref)
+          rms_norm_ref(p);
+        else if (b == Backend::cpu)
+          rms_norm_cpu(p, ctx.pool);
 #ifdef K3_HAVE_CUDA
         else {
           p.x = ctx.dev_in(st->x);
@@ -71,7 +74,8 @@ void add_layer_norm(CaseList& cases, const RowShape& s, bool affine, bool perf) 
   auto st = std::make_shared<RowState>();
   st->s = s;
   cases.push_back(std::make_unique<FnCase>(
-      "layer_norm", s.str() + (affine ? "" : " no-affine"), 1e-10, [st](Rng& rng) { fill_rows(rng, *st, false); },
+      "layer_norm", s.str() + (affine ? "" : " no-affine"), 1e-10,
+      [st](Rng& rng) { fill_rows(rng, *st, false); },
       [st, affine](Backend b, RunContext& ctx) {
         LayerNormParams p;
         p.n_row = st->s.n_row;
@@ -82,8 +86,10 @@ void add_layer_norm(CaseList& cases, const RowShape& s, bool affine, bool perf) 
         p.bias = affine ? st->b.data() : nullptr;
         p.y = ctx.out_f32(0, p.n_row * st->ld());
         p.ldy = st->ld();
-        if (b == Backend::ref) layer_norm_ref(p);
-        else if (b == Backend::cpu) layer_norm_cpu(p, ctx.pool);
+        if (b == Backend::ref)
+          layer_norm_ref(p);
+        else if (b == Backend::cpu)
+          layer_norm_cpu(p, ctx.pool);
 #ifdef K3_HAVE_CUDA
         else {
           p.x = ctx.dev_in(st->x);
@@ -97,7 +103,8 @@ void add_layer_norm(CaseList& cases, const RowShape& s, bool affine, bool perf) 
       perf, 8.0 * double(s.n_row * s.d), 5.0 * double(s.n_row * s.d), kCudaBuilt));
 }
 
-void add_l2norm(CaseList& cases, int64_t n_row, int64_t n_head, int64_t d_head, int64_t pad, float scale, bool perf) {
+void add_l2norm(CaseList& cases, int64_t n_row, int64_t n_head, int64_t d_head, int64_t pad, float scale,
+                bool perf) {
   auto st = std::make_shared<RowState>();
   st->s = {n_row, n_head * d_head, pad};
   const std::string shape = "n_row=" + std::to_string(n_row) + " n_head=" + std::to_string(n_head) +
@@ -115,8 +122,10 @@ void add_l2norm(CaseList& cases, int64_t n_row, int64_t n_head, int64_t d_head, 
         p.y = ctx.out_f32(0, p.n_row * st->ld());
         p.ldy = st->ld();
         p.scale = scale;
-        if (b == Backend::ref) l2norm_ref(p);
-        else if (b == Backend::cpu) l2norm_cpu(p, ctx.pool);
+        if (b == Backend::ref)
+          l2norm_ref(p);
+        else if (b == Backend::cpu)
+          l2norm_cpu(p, ctx.pool);
 #ifdef K3_HAVE_CUDA
         else {
           p.x = ctx.dev_in(st->x);

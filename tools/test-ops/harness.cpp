@@ -47,7 +47,9 @@ RunContext::Slot& RunContext::slot_at(int slot, int64_t n, bool is_f32) {
   return s;
 }
 
-float* RunContext::out_f32(int slot, int64_t n) { return static_cast<float*>(slot_at(slot, n, true).buf.data()); }
+float* RunContext::out_f32(int slot, int64_t n) {
+  return static_cast<float*>(slot_at(slot, n, true).buf.data());
+}
 int32_t* RunContext::out_i32(int slot, int64_t n) {
   return static_cast<int32_t*>(slot_at(slot, n, false).buf.data());
 }
@@ -67,7 +69,9 @@ std::vector<std::pair<std::string, CaseFactory>>& case_factories() {
   return f;
 }
 
-CaseRegistrar::CaseRegistrar(const char* name, CaseFactory fn) { case_factories().emplace_back(name, fn); }
+CaseRegistrar::CaseRegistrar(const char* name, CaseFactory fn) {
+  case_factories().emplace_back(name, fn);
+}
 
 namespace {
 
@@ -111,8 +115,10 @@ void open_gpu(const std::string& backend, GpuSession* s) {
     s->why = "no CUDA device";
   } else {
     const Status st = s->owner.create();
-    if (st.ok()) s->g = &s->owner.get();
-    else s->why = "no CUDA device usable: " + st.message();
+    if (st.ok())
+      s->g = &s->owner.get();
+    else
+      s->why = "no CUDA device usable: " + st.message();
   }
   if (!s->g) std::printf("cuda backend skipped: %s\n", s->why.c_str());
 }
@@ -175,7 +181,8 @@ CaseList all_cases(const std::string& op_filter) {
   return all;
 }
 
-int mode_test(const std::string& op, const std::string& backend, ThreadPool* pool, uint64_t seed, bool verbose) {
+int mode_test(const std::string& op, const std::string& backend, ThreadPool* pool, uint64_t seed,
+              bool verbose) {
   int passed = 0, failed = 0;
   const std::vector<BackendSpec> specs = backends();
   GpuSession gpu;
@@ -205,11 +212,13 @@ int mode_test(const std::string& op, const std::string& backend, ThreadPool* poo
         if (!st.ok()) why = "device error: " + st.message();
       }
       if (why.empty()) why = compare(ref, got, c->max_nmse(), &nmse);
-      if (why.empty()) ++passed;
-      else ++failed;
+      if (why.empty())
+        ++passed;
+      else
+        ++failed;
       if (!why.empty() || verbose)
-        std::printf("  %-12s %-14s %-52s %s (nmse %.2e)\n", c->op().c_str(), b.name.c_str(), c->shape().c_str(),
-                    why.empty() ? "OK" : ("FAIL: " + why).c_str(), nmse);
+        std::printf("  %-12s %-14s %-52s %s (nmse %.2e)\n", c->op().c_str(), b.name.c_str(),
+                    c->shape().c_str(), why.empty() ? "OK" : ("FAIL: " + why).c_str(), nmse);
     }
   }
   std::printf("%d passed, %d failed\n", passed, failed);
@@ -277,7 +286,8 @@ int mode_perf(const std::string& op, const std::string& backend, ThreadPool* poo
       const double t = time_runs(*c, b.kind, ctx);
       set_cpu_level_limit(old);
       if (t < 0) {
-        std::printf("  %-12s %-14s %-44s device error\n", c->op().c_str(), b.name.c_str(), c->shape().c_str());
+        std::printf("  %-12s %-14s %-44s device error\n", c->op().c_str(), b.name.c_str(),
+                    c->shape().c_str());
         continue;
       }
       if (b.kind == Backend::ref) t_ref = t;

@@ -15,8 +15,8 @@
 // are untouched. Output buffers are pre-filled with a NaN pattern, so an element one backend writes and
 // the other skips is caught too.
 //
-// The cuda backend (built with -DK3_CUDA=ON, skipped with "no CUDA device" when none is visible): run(cuda, ctx)
-// uploads its inputs (ctx.dev_in), gets device outputs that mirror the guarded host buffers
+// The cuda backend (built with -DK3_CUDA=ON, skipped with "no CUDA device" when none is visible): run(cuda,
+// ctx) uploads its inputs (ctx.dev_in), gets device outputs that mirror the guarded host buffers
 // (ctx.dev_out_f32: the device buffer starts as a copy of the host buffer, NaN fill, anything the case wrote
 // there such as an in/out state, AND the 64 guard bytes) and enqueues the op through ctx.gpu_run. The
 // harness then downloads each mirror whole into its host buffer, so the device-side guard bytes are
@@ -165,8 +165,15 @@ class FnCase : public OpCase {
   FnCase(std::string op, std::string shape, double max_nmse, std::function<void(Rng&)> init,
          std::function<void(Backend, RunContext&)> run, bool perf = false, double bytes = 0, double flops = 0,
          bool cuda = false)
-      : op_(std::move(op)), shape_(std::move(shape)), max_nmse_(max_nmse), init_(std::move(init)),
-        run_(std::move(run)), perf_(perf), bytes_(bytes), flops_(flops), cuda_(cuda) {}
+      : op_(std::move(op)),
+        shape_(std::move(shape)),
+        max_nmse_(max_nmse),
+        init_(std::move(init)),
+        run_(std::move(run)),
+        perf_(perf),
+        bytes_(bytes),
+        flops_(flops),
+        cuda_(cuda) {}
   std::string op() const override { return op_; }
   std::string shape() const override { return shape_; }
   void init(Rng& rng) override { init_(rng); }
@@ -197,7 +204,7 @@ std::vector<std::pair<std::string, CaseFactory>>& case_factories();
 
 }  // namespace k3::opt
 
-#define K3_OP_CASES(name)                                                                       \
-  static void name(::k3::opt::CaseList& cases);                                                 \
-  static const ::k3::opt::CaseRegistrar name##_registrar(#name, name);                          \
+#define K3_OP_CASES(name)                                              \
+  static void name(::k3::opt::CaseList& cases);                        \
+  static const ::k3::opt::CaseRegistrar name##_registrar(#name, name); \
   static void name(::k3::opt::CaseList& cases)
