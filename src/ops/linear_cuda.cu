@@ -227,6 +227,23 @@ void decode_rows_any(WK k, const LinearWeight& W, int64_t r0, int64_t n_rows, T*
   }
 }
 
+// C [m, n] (ldc) = A^T B: A [k, m] (lda = k), B [k, n] (ldb), all fp32, fp32 arithmetic (TF32 only if
+// allowed). A library without the pedantic compute type for this call falls back to cublasSgemm, which the
+// context's math mode (CUBLAS_DEFAULT_MATH unless allow_tf32) keeps in true fp32.
+void fp32_gemm(cublasHandle_t h, int m, int n, int k, const float* A, const float* B, int ldb, float* C,
+               int ldc, bool allow_tf32) {
+  const float alpha = 1.f, beta = 0.f;
+  const cublasStatus_t st = cublasGemmEx(
+      h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, A, CUDA_R_32F, k, B, CUDA_R_32F, ldb, &beta, C,
+      CUDA_R_32F, ldc, allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_PEDANTIC,
+      CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_NOT_SUPPORTED) {
+    K3_CUBLAS_ASSERT(st);
+    return;
+  }
+  K3_CUBLAS_ASSERT(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, A, k, B, ldb, &beta, C, ldc));
+}
+
 void gemm(WK k, const LinearWeight& W, const LinearParams& p, int64_t ldx, int64_t ldy, GpuContext& g) {
   auto* h = static_cast<cublasHandle_t>(g.cublas);
   K3_ASSERT(h != nullptr);
@@ -258,8 +275,6 @@ void gemm(WK k, const LinearWeight& W, const LinearParams& p, int64_t ldx, int64
     K3_ASSERT(row_tile >= 1 && "linear_cuda: GPU workspace too small for one decoded weight row");
   }
   const float alpha = 1.f, beta = 0.f;
-  const cublasComputeType_t fp32_compute =
-      g.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_PEDANTIC;
   for (int64_t t0 = 0; t0 < p.n_tok; t0 += tok_tile) {
     const int64_t nt = std::min(tok_tile, p.n_tok - t0);
     if (bf16) {
@@ -287,9 +302,8 @@ void gemm(WK k, const LinearWeight& W, const LinearParams& p, int64_t ldx, int64
                                       CUDA_R_16BF, int(W.in), xb, CUDA_R_16BF, int(ldb), &beta, C, CUDA_R_32F,
                                       int(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       else
-        K3_CUBLAS_ASSERT(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), int(nt), int(W.in), &alpha, A,
-                                      CUDA_R_32F, int(W.in), p.x + t0 * ldx, CUDA_R_32F, int(ldx), &beta, C,
-                                      CUDA_R_32F, int(ldy), fp32_compute, CUBLAS_GEMM_DEFAULT));
+        fp32_gemm(h, int(nr), int(nt), int(W.in), static_cast<const float*>(A), p.x + t0 * ldx, int(ldx), C,
+                  int(ldy), g.allow_tf32);
     }
   }
 }
