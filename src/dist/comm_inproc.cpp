@@ -50,6 +50,11 @@ struct World {
   std::vector<Box> boxes;  // [from * n + to]
 };
 
+// memcpy that accepts empty buffers (whose pointers may be null).
+void copy(void* dst, const void* src, int64_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, size_t(bytes));
+}
+
 class InProcComm final : public Comm {
  public:
   InProcComm(std::shared_ptr<World> w, int rank) : w_(std::move(w)), rank_(rank) {}
@@ -65,15 +70,14 @@ class InProcComm final : public Comm {
       for (int64_t i = 0; i < n; ++i) acc[size_t(i)] += in[i];
     }
     w_->wait();
-    std::memcpy(x, acc.data(), size_t(n) * sizeof(float));
+    copy(x, acc.data(), n * int64_t(sizeof(float)));
     return ok_status();
   }
 
   Status all_gather(const void* in, int64_t bytes, void* out) override {
     post(in);
     for (int r = 0; r < w_->n; ++r)
-      std::memcpy(static_cast<uint8_t*>(out) + size_t(r) * size_t(bytes), w_->posted[size_t(r)].in,
-                  size_t(bytes));
+      copy(static_cast<uint8_t*>(out) + size_t(r) * size_t(bytes), w_->posted[size_t(r)].in, bytes);
     w_->wait();
     return ok_status();
   }
@@ -83,7 +87,7 @@ class InProcComm final : public Comm {
     post(in);
     size_t off = 0;
     for (int r = 0; r < w_->n; ++r) {
-      std::memcpy(static_cast<uint8_t*>(out) + off, w_->posted[size_t(r)].in, size_t(bytes[size_t(r)]));
+      copy(static_cast<uint8_t*>(out) + off, w_->posted[size_t(r)].in, bytes[size_t(r)]);
       off += size_t(bytes[size_t(r)]);
     }
     w_->wait();
@@ -98,7 +102,7 @@ class InProcComm final : public Comm {
       for (int64_t i = 0; i < n; ++i) acc[size_t(i)] += src[i];
     }
     w_->wait();
-    std::memcpy(out, acc.data(), size_t(n) * sizeof(float));
+    copy(out, acc.data(), n * int64_t(sizeof(float)));
     return ok_status();
   }
 
@@ -119,7 +123,7 @@ class InProcComm final : public Comm {
         st = error(Code::invalid_argument, "all_to_allv: rank " + std::to_string(r) + " sends " +
                                                std::to_string(nb) + " bytes, rank " + std::to_string(rank_) +
                                                " expects " + std::to_string(recv_bytes[size_t(r)]));
-      if (st.ok()) std::memcpy(static_cast<uint8_t*>(recv) + off, static_cast<const uint8_t*>(p.in) + src, size_t(nb));
+      if (st.ok()) copy(static_cast<uint8_t*>(recv) + off, static_cast<const uint8_t*>(p.in) + src, nb);
       off += size_t(recv_bytes[size_t(r)]);
     }
     w_->wait();
@@ -148,7 +152,7 @@ class InProcComm final : public Comm {
     if (int64_t(m.size()) != bytes)
       return error(Code::invalid_argument, "recv: message of " + std::to_string(m.size()) + " bytes from rank " +
                                                std::to_string(peer) + ", expected " + std::to_string(bytes));
-    std::memcpy(buf, m.data(), m.size());
+    copy(buf, m.data(), bytes);
     return ok_status();
   }
 

@@ -58,8 +58,11 @@ std::vector<KcpPiece> kcp_pieces(const KcpLayout& layout, int rank) {
 }
 
 KcpHooks::KcpHooks(Comm& comm, KcpLayout layout) : comm_(comm), layout_(std::move(layout)) {
-  K3_ASSERT(layout_.validate().ok() && layout_.n_rank() == comm_.size());
-  pieces_ = kcp_pieces(layout_, comm_.rank());
+  status_ = layout_.validate();
+  if (status_.ok() && layout_.n_rank() != comm_.size())
+    status_ = error(Code::invalid_argument, "context parallel layout has " + std::to_string(layout_.n_rank()) +
+                                                " slices for " + std::to_string(comm_.size()) + " ranks");
+  if (status_.ok()) pieces_ = kcp_pieces(layout_, comm_.rank());
 }
 
 void KcpHooks::kda_conv_halo(const Ctx& c, int layer, std::span<const KdaSeq> seqs, const float* q,
@@ -148,6 +151,7 @@ void KcpHooks::mla_context(const Ctx& c, const ModelConfig& cfg, const MlaWeight
 
 Status kcp_prefill(Model& model, const KcpHooks& hooks, const int32_t* tokens, std::vector<float>* logits,
                    std::vector<std::unique_ptr<SeqState>>* states) {
+  K3_RETURN_IF_ERROR(hooks.status());
   const std::vector<KcpPiece>& pieces = hooks.pieces();
   if (pieces.empty()) return error(Code::invalid_argument, "kcp: empty slice");
   const int64_t t0 = pieces.front().t0, t1 = pieces.back().t1;

@@ -45,7 +45,10 @@ std::vector<KcpPiece> kcp_pieces(const KcpLayout& layout, int rank);
 
 class KcpHooks final : public ParallelHooks {
  public:
+  // A layout that does not validate, or whose rank count is not comm.size(), leaves status() not ok (and no
+  // pieces); kcp_prefill returns it.
   KcpHooks(Comm& comm, KcpLayout layout);
+  const Status& status() const { return status_; }
   const KcpLayout& layout() const { return layout_; }
   const std::vector<KcpPiece>& pieces() const { return pieces_; }
 
@@ -59,6 +62,7 @@ class KcpHooks final : public ParallelHooks {
   Comm& comm_;
   KcpLayout layout_;
   std::vector<KcpPiece> pieces_;
+  Status status_;
 };
 
 // Runs this rank's slice (model loaded with opt.parallel = &hooks; every rank calls it). tokens: the whole

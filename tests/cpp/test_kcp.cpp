@@ -118,6 +118,16 @@ TEST(Kcp, LayoutChecks) {
   auto p2 = kcp_pieces(l, 2);
   ASSERT_EQ(p2.size(), 1u);
   EXPECT_FALSE(p2[0].continues());
+  // A layout for 3 ranks on a 2-rank communicator: a Status, not a crash.
+  auto comms = make_inproc_comms(2);
+  KcpHooks h(*comms[0], l);
+  EXPECT_FALSE(h.status().ok());
+  auto ck = open_tiny("tiny-kl");
+  ASSERT_TRUE(ck);
+  auto m = Model::load(*ck, test_options());
+  ASSERT_TRUE(m.ok());
+  const auto tok = random_tokens(30, ck->config().n_vocab, 1);
+  EXPECT_FALSE(kcp_prefill(**m, h, tok.data(), nullptr, nullptr).ok());
 }
 
 }  // namespace
