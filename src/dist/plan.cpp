@@ -13,7 +13,9 @@ namespace k3 {
 
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 bool ends_with(const std::string& s, const char* suf) {
   const size_t n = std::strlen(suf);
@@ -30,24 +32,29 @@ Shard shard_of(const ExpectedTensor& e) {
     return Shard::tp;
   if (n.find(".self_attn.") == std::string::npos || n.find(".indexer.") != std::string::npos)
     return Shard::replicated;
-  static const char* kTp[] = {".q_proj.weight",   ".k_proj.weight",    ".v_proj.weight",   ".q_conv1d.weight",
-                              ".k_conv1d.weight", ".v_conv1d.weight",  ".f_b_proj.weight", ".g_b_proj.weight",
-                              ".b_proj.weight",   ".dt_bias",          ".A_log",           ".g_proj.weight",
-                              ".o_proj.weight",   ".q_b_proj.weight",  ".kv_b_proj.weight"};
+  static const char* kTp[] = {".q_proj.weight",   ".k_proj.weight",   ".v_proj.weight",   ".q_conv1d.weight",
+                              ".k_conv1d.weight", ".v_conv1d.weight", ".f_b_proj.weight", ".g_b_proj.weight",
+                              ".b_proj.weight",   ".dt_bias",         ".A_log",           ".g_proj.weight",
+                              ".o_proj.weight",   ".q_b_proj.weight", ".kv_b_proj.weight"};
   for (const char* s : kTp)
     if (ends_with(n, s)) return Shard::tp;
   return Shard::replicated;  // f_a / g_a / q_a / kv_a projections, norms
 }
 
-bool divides(int64_t d, int64_t n) { return d > 0 && n % d == 0; }
+bool divides(int64_t d, int64_t n) {
+  return d > 0 && n % d == 0;
+}
 
 }  // namespace
 
 const char* shard_name(Shard s) {
   switch (s) {
-    case Shard::replicated: return "replicated";
-    case Shard::tp: return "tp";
-    case Shard::ep: return "ep";
+    case Shard::replicated:
+      return "replicated";
+    case Shard::tp:
+      return "tp";
+    case Shard::ep:
+      return "ep";
   }
   return "?";
 }
@@ -74,9 +81,12 @@ std::vector<PlanTensor> plan_tensors(const ModelConfig& c,
 
 const char* cache_format_name(CacheFormat f) {
   switch (f) {
-    case CacheFormat::fp32: return "fp32";
-    case CacheFormat::bf16: return "bf16";
-    case CacheFormat::fp8: return "fp8";
+    case CacheFormat::fp32:
+      return "fp32";
+    case CacheFormat::bf16:
+      return "bf16";
+    case CacheFormat::fp8:
+      return "fp8";
   }
   return "?";
 }
@@ -89,15 +99,21 @@ bool cache_format_from_name(const std::string& s, CacheFormat* out) {
 
 SeqCacheBytes seq_cache_bytes(const ModelConfig& c, CacheFormat f, bool state_bf16) {
   const int64_t H = c.kda.n_head, K = c.kda.d_head, W = c.kda.conv_size;
-  const int64_t S = H * K * K * (state_bf16 ? 2 : 4);              // [H, K, V]
+  const int64_t S = H * K * K * (state_bf16 ? 2 : 4);                           // [H, K, V]
   const int64_t conv = 3 * H * K * (W - 1) * (f == CacheFormat::fp32 ? 4 : 2);  // q, k, v windows
   const int64_t kvr = c.mla.kv_lora_rank, dr = c.mla.d_rope, id = c.dsa.d_head;
   int64_t lat = 0, idx = 0;
   switch (f) {
-    case CacheFormat::fp32: lat = (kvr + dr) * 4, idx = id * 4; break;
-    case CacheFormat::bf16: lat = (kvr + dr) * 2, idx = id * 2; break;
+    case CacheFormat::fp32:
+      lat = (kvr + dr) * 4, idx = id * 4;
+      break;
+    case CacheFormat::bf16:
+      lat = (kvr + dr) * 2, idx = id * 2;
+      break;
     // fp8_ds_mla: e4m3 latent, one fp32 scale per 128, bf16 rope part; index key e4m3 + one fp32 scale.
-    case CacheFormat::fp8: lat = kvr + 4 * ceil_div(kvr, 128) + 2 * dr, idx = id + 4; break;
+    case CacheFormat::fp8:
+      lat = kvr + 4 * ceil_div(kvr, 128) + 2 * dr, idx = id + 4;
+      break;
   }
   const int n_dsa = c.n_layers_of(AttnKind::dsa);
   return {c.n_layers_of(AttnKind::kda) * (S + conv), (c.n_layers_of(AttnKind::mla) + n_dsa) * lat,
@@ -137,11 +153,16 @@ Result<Layout> parse_layout(const std::string& text) {
     if (key.empty() || k == j || k - j > 6) return bad("cannot read a part at \"" + s.substr(i) + "\"");
     const int v = std::stoi(s.substr(j, k - j));
     if (v < 1) return bad(key + " must be >= 1");
-    if (key == "tp") l.tp = v;
-    else if (key == "kcp" || key == "cp") l.kcp = v;
-    else if (key == "dp") l.dp = v;
-    else if (key == "ep") l.ep = v, ep_given = true;
-    else return bad("unknown part \"" + key + "\"");
+    if (key == "tp")
+      l.tp = v;
+    else if (key == "kcp" || key == "cp")
+      l.kcp = v;
+    else if (key == "dp")
+      l.dp = v;
+    else if (key == "ep")
+      l.ep = v, ep_given = true;
+    else
+      return bad("unknown part \"" + key + "\"");
     i = k;
   }
   if (!ep_given) l.ep = l.world();
@@ -161,7 +182,8 @@ Status check_layout(const ModelConfig& c, const Layout& l, const PlanOptions& o)
   if (l.tp > o.gpus_per_node) return bad("tp must stay within one node");
   if (!divides(l.ep, W)) return bad("ep must divide the world size " + std::to_string(W));
   auto need = [&](int64_t n, const char* what) -> Status {
-    if (n > 0 && n % l.tp != 0) return bad("tp must divide " + std::string(what) + " (" + std::to_string(n) + ")");
+    if (n > 0 && n % l.tp != 0)
+      return bad("tp must divide " + std::string(what) + " (" + std::to_string(n) + ")");
     return ok_status();
   };
   if (c.n_layers_of(AttnKind::kda) > 0) K3_RETURN_IF_ERROR(need(c.kda.n_head, "the KDA heads"));
@@ -173,78 +195,108 @@ Status check_layout(const ModelConfig& c, const Layout& l, const PlanOptions& o)
   return ok_status();
 }
 
-Plan evaluate_plan(const ModelConfig& c, const std::vector<PlanTensor>& w, const Layout& l,
-                   const PlanOptions& o) {
-  Plan p;
-  p.layout = l;
-  const int64_t W = l.world(), tp = l.tp, kcp = l.kcp, E = std::max(c.moe.n_expert, 1);
-  const int64_t B = std::max<int64_t>(o.batch, 1), T = std::max<int64_t>(o.context, 1);
-  const int64_t seqs = ceil_div(B, l.dp), rows = ceil_div(T, kcp);  // per replica / per kcp rank
-  int64_t trunk = 0, routed = 0, embed = 0;  // embed: a gather reads one row per token
+namespace {
+
+// What every layout needs from the model, summed once per evaluation.
+struct ModelSums {
+  int64_t replicated = 0, tp_whole = 0, routed = 0, embed = 0;  // bytes; embed is also in replicated
+  int n_kda = 0, n_mla = 0, n_dsa = 0, n_moe = 0;
+  SeqCacheBytes seq;
+  double lat = 0, idx = 0;  // cache bytes per token per MLA/DSA layer, per DSA layer
+};
+
+ModelSums sum_model(const ModelConfig& c, const std::vector<PlanTensor>& w, const PlanOptions& o) {
+  ModelSums m;
   for (const PlanTensor& t : w) {
-    if (t.name == "model.embed_tokens.weight") embed = t.bytes;
-    if (t.shard == Shard::ep) routed += t.bytes;
-    else trunk += t.bytes;
-    if (t.shard == Shard::replicated) p.mem.weights_replicated += t.bytes;
-    if (t.shard == Shard::tp) p.mem.weights_tp += ceil_div(t.bytes, tp);
+    if (t.name == "model.embed_tokens.weight") m.embed = t.bytes;
+    (t.shard == Shard::ep ? m.routed : t.shard == Shard::tp ? m.tp_whole : m.replicated) += t.bytes;
   }
-  p.mem.weights_ep = routed / E * ceil_div(E, l.ep);
+  m.n_kda = c.n_layers_of(AttnKind::kda), m.n_mla = c.n_layers_of(AttnKind::mla);
+  m.n_dsa = c.n_layers_of(AttnKind::dsa);
+  m.n_moe = int(std::count(c.layer_moe.begin(), c.layer_moe.end(), true));
+  m.seq = seq_cache_bytes(c, o.cache, o.state_bf16);
+  if (m.n_mla + m.n_dsa) m.lat = double(m.seq.mla_per_token) / (m.n_mla + m.n_dsa);
+  if (m.n_dsa) m.idx = double(m.seq.dsa_per_token) / m.n_dsa;
+  return m;
+}
 
-  // Caches: the KDA state splits over heads (tp); latent / index rows over positions (kcp).
-  const SeqCacheBytes sc = seq_cache_bytes(c, o.cache, o.state_bf16);
-  const int n_kda = c.n_layers_of(AttnKind::kda), n_dsa = c.n_layers_of(AttnKind::dsa);
-  const int n_mla = c.n_layers_of(AttnKind::mla), n_moe = int(std::count(c.layer_moe.begin(), c.layer_moe.end(), true));
-  p.mem.kda_state = seqs * ceil_div(sc.kda_state, tp);
-  p.mem.mla_cache = seqs * rows * sc.mla_per_token;
-  p.mem.dsa_cache = seqs * rows * sc.dsa_per_token;
-
-  // Workspace: one prefill chunk's activations at the widest sub-layer, plus the logits (fused attention:
-  // no [T, T] scores).
+// Activations of one prefill chunk (n_tok tokens) at the widest sub-layer of a TP rank, in elements per
+// token: residual stream and AttnRes blocks + the sub-layer's intermediates (fused attention: no [T, T]).
+int64_t activation_width(const ModelConfig& c, const ModelSums& m, int64_t tp) {
   const int64_t D = c.d_model, HK = int64_t(c.kda.n_head) * c.kda.d_head, nh = c.mla.n_head;
   const int64_t F = c.moe.d_ff_expert, Fs = int64_t(c.moe.n_shared_expert) * F, k = c.moe.n_expert_used;
   const int64_t Din = c.moe.d_latent > 0 ? c.moe.d_latent : D;
   int64_t width = 0;
-  if (n_kda) width = std::max(width, 6 * HK / tp + c.kda.n_head / tp);
-  if (n_mla + n_dsa)
-    width = std::max(width, c.mla.q_lora_rank + nh / tp * (2 * c.mla.d_qk() + 2 * c.mla.d_v) + c.mla.d_latent() +
-                                (c.dsa.enabled ? c.dsa.n_head * (c.dsa.d_head + 1) + c.dsa.d_head : 0));
-  if (n_moe < c.n_layer) width = std::max(width, 3 * int64_t(c.d_ff) / tp);
-  if (n_moe) width = std::max(width, E + k * (3 * F + Din) + 3 * Fs / tp + Din);
+  if (m.n_kda) width = std::max(width, 6 * HK / tp + c.kda.n_head / tp);  // q k v g f o, beta
+  if (m.n_mla + m.n_dsa)  // c^Q, q, k, v, o per head, the latent row, the indexer
+    width =
+        std::max(width, c.mla.q_lora_rank + nh / tp * (2 * c.mla.d_qk() + 2 * c.mla.d_v) + c.mla.d_latent() +
+                            (c.dsa.enabled ? c.dsa.n_head * (c.dsa.d_head + 1) + c.dsa.d_head : 0));
+  if (m.n_moe < c.n_layer) width = std::max(width, 3 * int64_t(c.d_ff) / tp);  // gate, up, h
+  if (m.n_moe) width = std::max(width, c.moe.n_expert + k * (3 * F + Din) + 3 * Fs / tp + Din);
   const int64_t blocks = c.uses_attn_res() ? ceil_div(c.n_layer, c.attn_res_block_size) + 1 : 0;
+  return D * (2 + blocks) + width;
+}
+
+}  // namespace
+
+Plan evaluate_plan(const ModelConfig& c, const std::vector<PlanTensor>& w, const Layout& l,
+                   const PlanOptions& o) {
+  const ModelSums m = sum_model(c, w, o);
+  const int64_t W = l.world(), tp = l.tp, kcp = l.kcp, E = std::max(c.moe.n_expert, 1),
+                V = std::max(c.n_vocab, 1);
+  const int64_t B = std::max<int64_t>(o.batch, 1), T = std::max<int64_t>(o.context, 1);
+  const int64_t seqs = ceil_div(B, l.dp), rows = ceil_div(T, kcp);  // per replica / per kcp rank
+  Plan p;
+  p.layout = l;
+
+  // Weights: TP tensors split by tp (rounded up per tensor), experts ceil(E / ep) per rank.
+  p.mem.weights_replicated = m.replicated;
+  for (const PlanTensor& t : w)
+    if (t.shard == Shard::tp) p.mem.weights_tp += ceil_div(t.bytes, tp);
+  p.mem.weights_ep = m.routed / E * ceil_div(E, l.ep);
+  // Caches: the KDA state splits over heads (tp); latent / index rows over positions (kcp).
+  p.mem.kda_state = seqs * ceil_div(m.seq.kda_state, tp);
+  p.mem.mla_cache = seqs * rows * m.seq.mla_per_token;
+  p.mem.dsa_cache = seqs * rows * m.seq.dsa_per_token;
   const int64_t n_tok = std::max(std::min(o.chunk, rows), seqs);
-  p.mem.workspace = o.reserve + n_tok * (D * (2 + blocks) + width) * o.act_bytes + seqs * c.n_vocab * 4;
+  p.mem.workspace = o.reserve + n_tok * activation_width(c, m, tp) * o.act_bytes + seqs * c.n_vocab * 4;
   p.fits = p.mem.total() <= o.gpu_mem;
 
-  // Decode: trunk weights once per step; distinct experts touched E (1 - (1 - k/E)^b) per MoE layer.
-  const double e_bytes = n_moe && c.moe.n_expert ? double(routed) / double(n_moe) / double(E) : 0.0;
-  auto touched = [&](double n_exp, double b) { return n_exp * (1.0 - std::pow(1.0 - double(k) / double(E), b)); };
-  const double lat = n_mla + n_dsa ? double(sc.mla_per_token) / (n_mla + n_dsa) : 0.0;
-  const double idx = n_dsa ? double(sc.dsa_per_token) / n_dsa : 0.0;
+  // Decode: every non-expert weight once per step (the embedding as a gather of one row per sequence),
+  // distinct experts touched E (1 - (1 - k/E)^b) per MoE layer for b tokens.
+  const double k = c.moe.n_expert_used, e_bytes = m.n_moe ? double(m.routed) / m.n_moe / double(E) : 0.0;
+  auto touched = [&](double n_exp, double b) { return n_exp * (1.0 - std::pow(1.0 - k / double(E), b)); };
+  auto embed_rows = [&](int64_t n) { return double(m.embed) * double(std::min(n, V)) / double(V); };
   const double sparse = c.dsa.enabled ? double(std::min<int64_t>(T, c.dsa.topk)) : 0.0;
-  const double embed_rows = double(embed) * double(std::min<int64_t>(B, c.n_vocab)) / double(std::max(c.n_vocab, 1));
-  p.decode.weight_bytes_per_token = (double(trunk - embed) + embed_rows + n_moe * e_bytes * touched(double(E), double(B))) / double(B);
+  p.decode.weight_bytes_per_token = (double(m.replicated + m.tp_whole - m.embed) + embed_rows(B) +
+                                     m.n_moe * e_bytes * touched(double(E), double(B))) /
+                                    double(B);
   p.decode.cache_bytes_per_token =
-      double(sc.kda_state) + double(T) * n_mla * lat + n_dsa * (double(T) * idx + sparse * lat);
-  const double gpu_embed = double(embed) * double(std::min<int64_t>(seqs, c.n_vocab)) / double(std::max(c.n_vocab, 1));
-  const double gpu_weights = double(p.mem.weights_replicated + p.mem.weights_tp - embed) + gpu_embed +
-                             n_moe * e_bytes * touched(double(ceil_div(E, l.ep)), double(B) * l.ep / double(W));
-  const double gpu_cache = double(seqs) * (double(ceil_div(sc.kda_state, tp)) + double(rows) * n_mla * lat +
-                                           n_dsa * (double(rows) * idx + std::ceil(sparse / kcp) * lat));
+      double(m.seq.kda_state) + double(T) * m.n_mla * m.lat + m.n_dsa * (double(T) * m.idx + sparse * m.lat);
+  const double gpu_weights =
+      double(p.mem.weights_replicated + p.mem.weights_tp - m.embed) + embed_rows(seqs) +
+      m.n_moe * e_bytes * touched(double(ceil_div(E, l.ep)), double(B) * l.ep / double(W));
+  const double gpu_cache =
+      double(seqs) * (double(ceil_div(m.seq.kda_state, tp)) + double(rows) * m.n_mla * m.lat +
+                      m.n_dsa * (double(rows) * m.idx + std::ceil(sparse / kcp) * m.lat));
   p.decode.gpu_bytes_per_step = gpu_weights + gpu_cache;
   p.decode.step_seconds = p.decode.gpu_bytes_per_step / o.hbm_bytes_per_s;
 
   // Communication, bytes one GPU sends per layer (ring collectives: 2 (n-1)/n of the message).
-  const double wire = o.wire_bytes, ring_tp = 2.0 * double(tp - 1) / double(tp);
-  const double ep_remote = double(l.ep - 1) / double(l.ep);
+  const int64_t D = c.d_model, nh = c.mla.n_head, H = c.kda.n_head, K = c.kda.d_head;
+  const double Din = c.moe.d_latent > 0 ? c.moe.d_latent : D, wire = o.wire_bytes;
+  const double ring_tp = 2.0 * double(tp - 1) / double(tp), ep_remote = double(l.ep - 1) / double(l.ep);
   p.comm.tp_decode = 2 * ring_tp * double(seqs) * D * wire;
   p.comm.ep_decode = 2 * double(B) / double(W) * k * ep_remote * Din * wire;
   p.comm.tp_prefill_per_token = 2 * ring_tp * D * wire;
   p.comm.ep_prefill_per_token = 2 * k * ep_remote * Din * wire / double(tp);
   if (kcp > 1) {
-    p.comm.kcp_decode = double(seqs) * double(nh / tp) * ((c.mla.kv_lora_rank + 2) * 4.0 + c.mla.d_latent() * wire);
-    p.comm.kcp_prefill_kda = double(kcp - 1) * 2.0 * double(c.kda.n_head / tp) * c.kda.d_head * c.kda.d_head * 4.0 +
-                             3.0 * (c.kda.conv_size - 1) * double(HK / tp) * wire;
-    p.comm.kcp_prefill_mla = double(kcp - 1) * double(rows) * (lat + idx);
+    p.comm.kcp_decode =
+        double(seqs) * double(nh / tp) * ((c.mla.kv_lora_rank + 2) * 4.0 + c.mla.d_latent() * wire);
+    p.comm.kcp_prefill_kda = double(kcp - 1) * 2.0 * double(H / tp) * double(K * K) * 4.0 +
+                             3.0 * (c.kda.conv_size - 1) * double(H / tp * K) * wire;
+    p.comm.kcp_prefill_mla = double(kcp - 1) * double(rows) * (m.lat + m.idx);
   }
   return p;
 }

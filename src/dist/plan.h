@@ -7,9 +7,9 @@
 //
 // Layout (world W = tp * kcp * dp GPUs; ep divides W):
 //   tp   tensor parallel as src/dist/tp.h shards: attention heads (KDA projections, conv, dt_bias, A_log;
-//        MLA q_b / kv_b / g / o), dense and shared-expert d_ff. Replicated: embedding, lm_head, norms, AttnRes,
-//        router, LatentMoE down/up, the low-rank a-projections, the latent projection and the DSA indexer.
-//        The MLA latent is one MQA head: every TP rank holds the whole cache row.
+//        MLA q_b / kv_b / g / o), dense and shared-expert d_ff. Replicated: embedding, lm_head, norms,
+//        AttnRes, router, LatentMoE down/up, the low-rank a-projections, the latent projection and the DSA
+//        indexer. The MLA latent is one MQA head: every TP rank holds the whole cache row.
 //   kcp  KDA context parallel: a sequence split over kcp ranks; MLA latent / DSA index rows sharded by
 //        position (ceil(T / kcp) each); the fixed KDA state (S, conv window) is held by every kcp rank.
 //   dp   trunk replicas; the batch is split over them (ceil(B / dp) sequences each).
@@ -55,10 +55,10 @@ enum class CacheFormat { fp32, bf16, fp8 };
 const char* cache_format_name(CacheFormat f);
 bool cache_format_from_name(const std::string& s, CacheFormat* out);
 
-struct SeqCacheBytes {           // one sequence, whole model (no sharding)
-  int64_t kda_state = 0;         // fixed: sum over KDA layers of S + conv window
-  int64_t mla_per_token = 0;     // latent rows of every MLA and DSA layer, per token
-  int64_t dsa_per_token = 0;     // index keys of every DSA layer, per token
+struct SeqCacheBytes {        // one sequence, whole model (no sharding)
+  int64_t kda_state = 0;      // fixed: sum over KDA layers of S + conv window
+  int64_t mla_per_token = 0;  // latent rows of every MLA and DSA layer, per token
+  int64_t dsa_per_token = 0;  // index keys of every DSA layer, per token
   int64_t at(int64_t n_tok) const { return kda_state + n_tok * (mla_per_token + dsa_per_token); }
 };
 SeqCacheBytes seq_cache_bytes(const ModelConfig& c, CacheFormat f, bool state_bf16);
@@ -66,16 +66,16 @@ SeqCacheBytes seq_cache_bytes(const ModelConfig& c, CacheFormat f, bool state_bf
 struct PlanOptions {
   int gpus_per_node = 8;
   int nodes = 1;
-  int64_t context = 131072;          // T: tokens per sequence (prompt + generated)
-  int64_t batch = 1;                 // B: sequences decoded together
+  int64_t context = 131072;  // T: tokens per sequence (prompt + generated)
+  int64_t batch = 1;         // B: sequences decoded together
   CacheFormat cache = CacheFormat::bf16;
-  bool state_bf16 = false;           // KDA S stored in bf16 (a vLLM option; MODEL.md §13 row 15)
-  int64_t gpu_mem = 141'000'000'000;  // bytes per GPU (H200: 141 GB)
+  bool state_bf16 = false;             // KDA S stored in bf16 (a vLLM option; MODEL.md §13 row 15)
+  int64_t gpu_mem = 141'000'000'000;   // bytes per GPU (H200: 141 GB)
   int64_t reserve = int64_t(2) << 30;  // CUDA context, library workspaces, allocator slack
-  int64_t chunk = 8192;              // prefill tokens per step (workspace)
-  int act_bytes = 4;                 // activation element in memory (the engine keeps fp32)
-  int wire_bytes = 2;                // activation element on the wire (bf16)
-  double hbm_bytes_per_s = 4.274e12; // measured H200 copy bandwidth (ANCHORS.md §9)
+  int64_t chunk = 8192;                // prefill tokens per step (workspace)
+  int act_bytes = 4;                   // activation element in memory (the engine keeps fp32)
+  int wire_bytes = 2;                  // activation element on the wire (bf16)
+  double hbm_bytes_per_s = 4.274e12;   // measured H200 copy bandwidth (ANCHORS.md §9)
 };
 
 struct Layout {
@@ -85,7 +85,8 @@ struct Layout {
 };
 // "tp8xep16", "TP8,KCP2,EP16", "tp=8 ep=16": parts in any order; ep defaults to the world size.
 Result<Layout> parse_layout(const std::string& s);
-// Degrees divide heads / d_ff / experts (tp as dist/tp.h's tp_check); tp within a node; world within nodes * gpus.
+// Degrees divide heads / d_ff / experts (tp as dist/tp.h's tp_check); tp within a node; world within nodes *
+// gpus.
 Status check_layout(const ModelConfig& c, const Layout& l, const PlanOptions& o);
 
 struct GpuMemory {  // bytes on the busiest GPU
@@ -97,7 +98,7 @@ struct GpuMemory {  // bytes on the busiest GPU
   int64_t total() const { return weights() + cache() + workspace; }
 };
 
-struct DecodeTraffic {              // one decode step: one new token for each of B sequences
+struct DecodeTraffic {                // one decode step: one new token for each of B sequences
   double weight_bytes_per_token = 0;  // unique weights read (trunk + distinct experts touched) / B
   double cache_bytes_per_token = 0;   // KDA state + latent / index rows read, per sequence
   double gpu_bytes_per_step = 0;      // weights + cache read by the busiest GPU

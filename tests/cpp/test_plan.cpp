@@ -81,7 +81,8 @@ TEST_P(PlanCheckpoint, StateBytesEqualSeqState) {
   EXPECT_EQ(b.dsa_per_token, n_dsa * c.dsa_index_bytes_per_token_per_layer());
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, PlanCheckpoint, ::testing::Values("tiny-kl", "tiny-k3", "tiny-k31", "k3-tiny"));
+INSTANTIATE_TEST_SUITE_P(Models, PlanCheckpoint,
+                         ::testing::Values("tiny-kl", "tiny-k3", "tiny-k31", "k3-tiny"));
 
 // Real K3: experts = 92 MoE layers x 896 x one MXFP4 expert (MODEL.md §9 shapes); the bf16 trunk without
 // the embedding and the head is "about 109 GB" (ANCHORS §0).
@@ -131,8 +132,8 @@ TEST(PlanK3, SmallestLayoutIsTwoNodes) {
   EXPECT_EQ(p16.mem.weights_ep, int64_t(92) * 56 * 17547264);
   // Batch 1 decode reads 16 experts per MoE layer: 92 x 16 x 17.5 MB = 25.8 GB (ANCHORS §5, §0).
   // The embedding is a gather: one row [7168] bf16 per token instead of the table.
-  const double trunk_read = double(bytes_of(w, Shard::tp) + bytes_of(w, Shard::replicated)) -
-                            163840.0 * 7168 * 2 + 7168.0 * 2;
+  const double trunk_read =
+      double(bytes_of(w, Shard::tp) + bytes_of(w, Shard::replicated)) - 163840.0 * 7168 * 2 + 7168.0 * 2;
   EXPECT_NEAR(p16.decode.weight_bytes_per_token - trunk_read, 92.0 * 16 * 17547264, 1e3);
   const auto best = smallest_fit(all_plans(c, w, o));
   ASSERT_TRUE(best.has_value());
@@ -177,11 +178,11 @@ TEST(PlanLayout, ParseAndCheck) {
   PlanOptions o;
   o.nodes = 2;
   EXPECT_TRUE(check_layout(c, Layout{8, 2, 1, 16}, o).ok());
-  EXPECT_FALSE(check_layout(c, Layout{8, 1, 1, 16}, o).ok());  // ep > world
-  EXPECT_FALSE(check_layout(c, Layout{16, 1, 1, 16}, o).ok()); // tp across nodes
-  EXPECT_FALSE(check_layout(c, Layout{5, 1, 1, 5}, o).ok());   // 96 heads
-  EXPECT_FALSE(check_layout(c, Layout{8, 4, 1, 32}, o).ok());  // 32 GPUs > 2 nodes
-  EXPECT_FALSE(check_layout(c, Layout{1, 1, 3, 3}, o).ok());   // 896 experts, and not whole node
+  EXPECT_FALSE(check_layout(c, Layout{8, 1, 1, 16}, o).ok());   // ep > world
+  EXPECT_FALSE(check_layout(c, Layout{16, 1, 1, 16}, o).ok());  // tp across nodes
+  EXPECT_FALSE(check_layout(c, Layout{5, 1, 1, 5}, o).ok());    // 96 heads
+  EXPECT_FALSE(check_layout(c, Layout{8, 4, 1, 32}, o).ok());   // 32 GPUs > 2 nodes
+  EXPECT_FALSE(check_layout(c, Layout{1, 1, 3, 3}, o).ok());    // 896 experts, and not whole node
 }
 
 }  // namespace

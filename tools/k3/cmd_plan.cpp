@@ -43,22 +43,39 @@ std::string human(double bytes) {
 nlohmann::ordered_json plan_json(const Plan& p, const PlanOptions& o) {
   const Layout& l = p.layout;
   const GpuMemory& m = p.mem;
-  return {{"layout", {{"name", l.name()}, {"tp", l.tp}, {"kcp", l.kcp}, {"dp", l.dp}, {"ep", l.ep},
-                      {"world", l.world()}, {"nodes", (l.world() + o.gpus_per_node - 1) / o.gpus_per_node}}},
+  return {{"layout",
+           {{"name", l.name()},
+            {"tp", l.tp},
+            {"kcp", l.kcp},
+            {"dp", l.dp},
+            {"ep", l.ep},
+            {"world", l.world()},
+            {"nodes", (l.world() + o.gpus_per_node - 1) / o.gpus_per_node}}},
           {"fits", p.fits},
-          {"per_gpu", {{"weights", m.weights()}, {"weights_replicated", m.weights_replicated},
-                       {"weights_tp", m.weights_tp}, {"weights_ep", m.weights_ep}, {"kda_state", m.kda_state},
-                       {"mla_cache", m.mla_cache}, {"dsa_cache", m.dsa_cache}, {"workspace", m.workspace},
-                       {"total", m.total()}, {"gpu_mem", o.gpu_mem}}},
-          {"decode", {{"weight_bytes_per_token", p.decode.weight_bytes_per_token},
-                      {"cache_bytes_per_token", p.decode.cache_bytes_per_token},
-                      {"gpu_bytes_per_step", p.decode.gpu_bytes_per_step},
-                      {"step_ms_bandwidth_bound", p.decode.step_seconds * 1e3}}},
-          {"comm_per_layer", {{"tp_allreduce_decode", p.comm.tp_decode}, {"ep_alltoall_decode", p.comm.ep_decode},
-                              {"kcp_decode", p.comm.kcp_decode}, {"tp_allreduce_prefill_per_token", p.comm.tp_prefill_per_token},
-                              {"ep_alltoall_prefill_per_token", p.comm.ep_prefill_per_token},
-                              {"kcp_prefill_kda_layer", p.comm.kcp_prefill_kda},
-                              {"kcp_prefill_mla_layer", p.comm.kcp_prefill_mla}}}};
+          {"per_gpu",
+           {{"weights", m.weights()},
+            {"weights_replicated", m.weights_replicated},
+            {"weights_tp", m.weights_tp},
+            {"weights_ep", m.weights_ep},
+            {"kda_state", m.kda_state},
+            {"mla_cache", m.mla_cache},
+            {"dsa_cache", m.dsa_cache},
+            {"workspace", m.workspace},
+            {"total", m.total()},
+            {"gpu_mem", o.gpu_mem}}},
+          {"decode",
+           {{"weight_bytes_per_token", p.decode.weight_bytes_per_token},
+            {"cache_bytes_per_token", p.decode.cache_bytes_per_token},
+            {"gpu_bytes_per_step", p.decode.gpu_bytes_per_step},
+            {"step_ms_bandwidth_bound", p.decode.step_seconds * 1e3}}},
+          {"comm_per_layer",
+           {{"tp_allreduce_decode", p.comm.tp_decode},
+            {"ep_alltoall_decode", p.comm.ep_decode},
+            {"kcp_decode", p.comm.kcp_decode},
+            {"tp_allreduce_prefill_per_token", p.comm.tp_prefill_per_token},
+            {"ep_alltoall_prefill_per_token", p.comm.ep_prefill_per_token},
+            {"kcp_prefill_kda_layer", p.comm.kcp_prefill_kda},
+            {"kcp_prefill_mla_layer", p.comm.kcp_prefill_mla}}}};
 }
 
 void print_plan(const Plan& p, const PlanOptions& o) {
@@ -67,15 +84,18 @@ void print_plan(const Plan& p, const PlanOptions& o) {
               p.fits ? "fits" : "does NOT fit");
   std::printf("  per GPU: weights %s (replicated %s, TP shard %s, experts %s)\n", human(m.weights()).c_str(),
               human(m.weights_replicated).c_str(), human(m.weights_tp).c_str(), human(m.weights_ep).c_str());
-  std::printf("           KDA state %s, MLA latent %s, DSA index %s, workspace %s\n", human(m.kda_state).c_str(),
-              human(m.mla_cache).c_str(), human(m.dsa_cache).c_str(), human(m.workspace).c_str());
+  std::printf("           KDA state %s, MLA latent %s, DSA index %s, workspace %s\n",
+              human(m.kda_state).c_str(), human(m.mla_cache).c_str(), human(m.dsa_cache).c_str(),
+              human(m.workspace).c_str());
   std::printf("           total %s of %s\n", human(m.total()).c_str(), human(o.gpu_mem).c_str());
-  std::printf("  decode per token: weights %s + cache %s read; busiest GPU reads %s per step, >= %.4g ms at "
-              "%.0f GB/s\n",
-              human(p.decode.weight_bytes_per_token).c_str(), human(p.decode.cache_bytes_per_token).c_str(),
-              human(p.decode.gpu_bytes_per_step).c_str(), p.decode.step_seconds * 1e3, o.hbm_bytes_per_s / 1e9);
+  std::printf(
+      "  decode per token: weights %s + cache %s read; busiest GPU reads %s per step, >= %.4g ms at "
+      "%.0f GB/s\n",
+      human(p.decode.weight_bytes_per_token).c_str(), human(p.decode.cache_bytes_per_token).c_str(),
+      human(p.decode.gpu_bytes_per_step).c_str(), p.decode.step_seconds * 1e3, o.hbm_bytes_per_s / 1e9);
   std::printf("  sent per GPU per layer, decode step: TP all-reduce %s, EP all-to-all %s, KCP %s\n",
-              human(p.comm.tp_decode).c_str(), human(p.comm.ep_decode).c_str(), human(p.comm.kcp_decode).c_str());
+              human(p.comm.tp_decode).c_str(), human(p.comm.ep_decode).c_str(),
+              human(p.comm.kcp_decode).c_str());
   std::printf("  prefill: TP %s/token, EP %s/token; KCP all-gather %s per KDA layer, %s per MLA/DSA layer\n",
               human(p.comm.tp_prefill_per_token).c_str(), human(p.comm.ep_prefill_per_token).c_str(),
               human(p.comm.kcp_prefill_kda).c_str(), human(p.comm.kcp_prefill_mla).c_str());
@@ -85,7 +105,8 @@ void run_plan(PlanArgs& a) {
   PlanOptions& o = a.opt;
   o.gpu_mem = int64_t(a.gpu_mem_gb * 1e9);
   o.reserve = int64_t(a.reserve_gib * double(int64_t(1) << 30));
-  if (!cache_format_from_name(a.precision, &o.cache) || (a.state_dtype != "fp32" && a.state_dtype != "bf16")) {
+  if (!cache_format_from_name(a.precision, &o.cache) ||
+      (a.state_dtype != "fp32" && a.state_dtype != "bf16")) {
     std::fprintf(stderr, "k3 plan: --precision is fp32|bf16|fp8 and --state-dtype fp32|bf16\n");
     exit_code() = 1;
     return;
@@ -100,13 +121,15 @@ void run_plan(PlanArgs& a) {
     copt.validate = !a.no_validate;
     copt.progress = !a.json && isatty(STDERR_FILENO);
     auto r = Checkpoint::open(a.dir, copt);
-    if (!r.ok()) return (void)(std::fprintf(stderr, "k3 plan: %s\n", r.status().message().c_str()), exit_code() = 1);
+    if (!r.ok())
+      return (void)(std::fprintf(stderr, "k3 plan: %s\n", r.status().message().c_str()), exit_code() = 1);
     ck = std::move(*r);
     cfg = ck->config();
     source = a.dir;
   } else {
     auto r = load_hf_config(a.config);
-    if (!r.ok()) return (void)(std::fprintf(stderr, "k3 plan: %s\n", r.status().message().c_str()), exit_code() = 1);
+    if (!r.ok())
+      return (void)(std::fprintf(stderr, "k3 plan: %s\n", r.status().message().c_str()), exit_code() = 1);
     cfg = *r;
     if (cfg.kda.gate_rank == 0) cfg.kda.gate_rank = a.gate_rank;
     source = a.config;
@@ -132,7 +155,8 @@ void run_plan(PlanArgs& a) {
           chosen = p;
     }
   }
-  if (!chosen) return (void)(std::fprintf(stderr, "k3 plan: no valid layout for this model\n"), exit_code() = 1);
+  if (!chosen)
+    return (void)(std::fprintf(stderr, "k3 plan: no valid layout for this model\n"), exit_code() = 1);
 
   std::map<std::string, int64_t> by_dtype, by_shard;
   int64_t total = 0;
@@ -144,15 +168,24 @@ void run_plan(PlanArgs& a) {
   const SeqCacheBytes sc = seq_cache_bytes(cfg, o.cache, o.state_bf16);
   if (a.json) {
     nlohmann::ordered_json j;
-    j["model"] = {{"source", source}, {"family", family_name(cfg.family)}, {"n_layer", cfg.n_layer},
-                  {"kda_layers", cfg.n_layers_of(AttnKind::kda)}, {"mla_layers", cfg.n_layers_of(AttnKind::mla)},
-                  {"dsa_layers", cfg.n_layers_of(AttnKind::dsa)}, {"n_tensors", w.size()}};
+    j["model"] = {{"source", source},
+                  {"family", family_name(cfg.family)},
+                  {"n_layer", cfg.n_layer},
+                  {"kda_layers", cfg.n_layers_of(AttnKind::kda)},
+                  {"mla_layers", cfg.n_layers_of(AttnKind::mla)},
+                  {"dsa_layers", cfg.n_layers_of(AttnKind::dsa)},
+                  {"n_tensors", w.size()}};
     j["weights"] = {{"total", total}, {"by_dtype", by_dtype}, {"by_shard", by_shard}};
     j["cache"] = {{"format", cache_format_name(o.cache)}, {"state_dtype", a.state_dtype},
-                  {"kda_state_per_seq", sc.kda_state}, {"mla_per_token", sc.mla_per_token},
-                  {"dsa_per_token", sc.dsa_per_token}, {"per_seq_at_context", sc.at(o.context)}};
-    j["options"] = {{"gpus_per_node", o.gpus_per_node}, {"nodes", o.nodes}, {"context", o.context},
-                    {"batch", o.batch}, {"gpu_mem", o.gpu_mem}, {"reserve", o.reserve}, {"chunk", o.chunk}};
+                  {"kda_state_per_seq", sc.kda_state},    {"mla_per_token", sc.mla_per_token},
+                  {"dsa_per_token", sc.dsa_per_token},    {"per_seq_at_context", sc.at(o.context)}};
+    j["options"] = {{"gpus_per_node", o.gpus_per_node},
+                    {"nodes", o.nodes},
+                    {"context", o.context},
+                    {"batch", o.batch},
+                    {"gpu_mem", o.gpu_mem},
+                    {"reserve", o.reserve},
+                    {"chunk", o.chunk}};
     j["plan"] = plan_json(*chosen, o);
     if (a.all) {
       j["candidates"] = nlohmann::ordered_json::array();
@@ -160,10 +193,11 @@ void run_plan(PlanArgs& a) {
     }
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("model: %s (%s, %d layers: %d KDA, %d MLA, %d DSA)\n", source.c_str(), family_name(cfg.family),
-                cfg.n_layer, cfg.n_layers_of(AttnKind::kda), cfg.n_layers_of(AttnKind::mla),
-                cfg.n_layers_of(AttnKind::dsa));
-    std::printf("weights: %s (%lld B) in %zu tensors:", human(double(total)).c_str(), (long long)total, w.size());
+    std::printf("model: %s (%s, %d layers: %d KDA, %d MLA, %d DSA)\n", source.c_str(),
+                family_name(cfg.family), cfg.n_layer, cfg.n_layers_of(AttnKind::kda),
+                cfg.n_layers_of(AttnKind::mla), cfg.n_layers_of(AttnKind::dsa));
+    std::printf("weights: %s (%lld B) in %zu tensors:", human(double(total)).c_str(), (long long)total,
+                w.size());
     for (const auto& [d, b] : by_dtype) std::printf(" %s %s;", d.c_str(), human(double(b)).c_str());
     std::printf("\n  experts (EP) %s, TP-sharded %s, replicated %s\n", human(by_shard["ep"]).c_str(),
                 human(by_shard["tp"]).c_str(), human(by_shard["replicated"]).c_str());
@@ -171,11 +205,12 @@ void run_plan(PlanArgs& a) {
                 cache_format_name(o.cache), a.state_dtype.c_str(), human(sc.kda_state).c_str(),
                 (long long)(sc.mla_per_token + sc.dsa_per_token), (long long)sc.mla_per_token,
                 (long long)sc.dsa_per_token);
-    std::printf("context %lld, batch %lld, %d GPU(s) per node x %d node(s), %s per GPU\n", (long long)o.context,
-                (long long)o.batch, o.gpus_per_node, o.nodes, human(o.gpu_mem).c_str());
+    std::printf("context %lld, batch %lld, %d GPU(s) per node x %d node(s), %s per GPU\n",
+                (long long)o.context, (long long)o.batch, o.gpus_per_node, o.nodes, human(o.gpu_mem).c_str());
     if (a.all)
       for (const Plan& p : plans) print_plan(p, o);
-    if (a.layout.empty()) std::printf(chosen->fits ? "\nsmallest layout that fits:" : "\nno layout fits; closest:");
+    if (a.layout.empty())
+      std::printf(chosen->fits ? "\nsmallest layout that fits:" : "\nno layout fits; closest:");
     print_plan(*chosen, o);
   }
   if (!chosen->fits) exit_code() = 3;
@@ -191,15 +226,19 @@ void add_plan(CLI::App& app) {
   m->excludes(c);
   cmd->add_option("--gpus", a->opt.gpus_per_node, "GPUs per node")->check(CLI::Range(1, 1024));
   cmd->add_option("--nodes", a->opt.nodes, "nodes")->check(CLI::Range(1, 4096));
-  cmd->add_option("--context", a->opt.context, "tokens per sequence")->check(CLI::Range(int64_t(1), int64_t(1) << 32));
-  cmd->add_option("--batch", a->opt.batch, "sequences decoded together")->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  cmd->add_option("--context", a->opt.context, "tokens per sequence")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 32));
+  cmd->add_option("--batch", a->opt.batch, "sequences decoded together")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   cmd->add_option("--precision", a->precision, "cache storage: fp32 (CPU engine), bf16 (MODEL.md), fp8");
   cmd->add_option("--state-dtype", a->state_dtype, "KDA state S: fp32 or bf16");
   cmd->add_option("--gpu-mem", a->gpu_mem_gb, "memory per GPU in GB (1e9 B)")->check(CLI::Range(0.001, 1e6));
   cmd->add_option("--reserve", a->reserve_gib, "fixed per-GPU reserve in GiB")->check(CLI::Range(0.0, 1e4));
-  cmd->add_option("--chunk", a->opt.chunk, "prefill tokens per step")->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  cmd->add_option("--chunk", a->opt.chunk, "prefill tokens per step")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   cmd->add_option("--layout", a->layout, "evaluate this layout (tp8xep16, TP8xKCP2xEP16, ...)");
-  cmd->add_option("--gate-rank", a->gate_rank, "KDA gate rank with --config (128)")->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--gate-rank", a->gate_rank, "KDA gate rank with --config (128)")
+      ->check(CLI::Range(1, 1 << 16));
   cmd->add_flag("--all", a->all, "also list every valid layout");
   cmd->add_flag("--json", a->json, "JSON output");
   cmd->add_flag("--no-validate", a->no_validate, "with -m: skip the MXFP4 scale scan");
