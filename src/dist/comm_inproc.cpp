@@ -131,7 +131,8 @@ class InProcComm final : public Comm {
   }
 
   Status send(const void* buf, int64_t bytes, int peer) override {
-    if (peer < 0 || peer >= w_->n) return error(Code::invalid_argument, "send: bad peer " + std::to_string(peer));
+    if (peer < 0 || peer >= w_->n)
+      return error(Code::invalid_argument, "send: bad peer " + std::to_string(peer));
     World::Box& b = w_->boxes[size_t(rank_) * size_t(w_->n) + size_t(peer)];
     const uint8_t* p = static_cast<const uint8_t*>(buf);
     {
@@ -143,15 +144,17 @@ class InProcComm final : public Comm {
   }
 
   Status recv(void* buf, int64_t bytes, int peer) override {
-    if (peer < 0 || peer >= w_->n) return error(Code::invalid_argument, "recv: bad peer " + std::to_string(peer));
+    if (peer < 0 || peer >= w_->n)
+      return error(Code::invalid_argument, "recv: bad peer " + std::to_string(peer));
     World::Box& b = w_->boxes[size_t(peer) * size_t(w_->n) + size_t(rank_)];
     std::unique_lock<std::mutex> lk(b.mu);
     b.cv.wait(lk, [&] { return !b.q.empty(); });
     std::vector<uint8_t> m = std::move(b.q.front());
     b.q.pop_front();
     if (int64_t(m.size()) != bytes)
-      return error(Code::invalid_argument, "recv: message of " + std::to_string(m.size()) + " bytes from rank " +
-                                               std::to_string(peer) + ", expected " + std::to_string(bytes));
+      return error(Code::invalid_argument, "recv: message of " + std::to_string(m.size()) +
+                                               " bytes from rank " + std::to_string(peer) + ", expected " +
+                                               std::to_string(bytes));
     copy(buf, m.data(), bytes);
     return ok_status();
   }

@@ -1,7 +1,7 @@
-// comm_nccl.cu: the NCCL communicator (comm.h): one rank per GPU, multi-GPU and multi-node. Buffers are device
-// pointers; every call is enqueued on the communicator's stream and synchronized before it returns (simple
-// blocking semantics, like the in-process one). all_gatherv is a group of broadcasts, all_to_allv a group of
-// send/recv pairs. Built only with -DK3_CUDA=ON -DK3_NCCL=ON.
+// comm_nccl.cu: the NCCL communicator (comm.h): one rank per GPU, multi-GPU and multi-node. Buffers are
+// device pointers; every call is enqueued on the communicator's stream and synchronized before it returns
+// (simple blocking semantics, like the in-process one). all_gatherv is a group of broadcasts, all_to_allv a
+// group of send/recv pairs. Built only with -DK3_CUDA=ON -DK3_NCCL=ON.
 #ifdef K3_HAVE_NCCL
 
 #include <cuda_runtime.h>
@@ -11,13 +11,13 @@
 #include "dist/comm.h"
 #include "dist/rendezvous.h"
 
-#define K3_NCCL_CHECK(call)                                                                       \
-  do {                                                                                            \
-    ncclResult_t k3_nr_ = (call);                                                                 \
-    if (k3_nr_ != ncclSuccess)                                                                    \
-      return ::k3::Status(::k3::Code::internal, std::string(#call) + " failed: " +               \
-                                                    ncclGetErrorString(k3_nr_) + " at " + __FILE__ + \
-                                                    ":" + std::to_string(__LINE__));              \
+#define K3_NCCL_CHECK(call)                                                                             \
+  do {                                                                                                  \
+    ncclResult_t k3_nr_ = (call);                                                                       \
+    if (k3_nr_ != ncclSuccess)                                                                          \
+      return ::k3::Status(::k3::Code::internal, std::string(#call) +                                    \
+                                                    " failed: " + ncclGetErrorString(k3_nr_) + " at " + \
+                                                    __FILE__ + ":" + std::to_string(__LINE__));         \
   } while (0)
 
 namespace k3 {
@@ -54,8 +54,8 @@ class NcclComm final : public Comm {
     K3_NCCL_CHECK(ncclGroupStart());
     size_t off = 0;
     for (int r = 0; r < size_; ++r) {
-      K3_NCCL_CHECK(ncclBroadcast(in, static_cast<char*>(out) + off, size_t(bytes[size_t(r)]), ncclChar, r, comm_,
-                                  stream_));
+      K3_NCCL_CHECK(ncclBroadcast(in, static_cast<char*>(out) + off, size_t(bytes[size_t(r)]), ncclChar, r,
+                                  comm_, stream_));
       off += size_t(bytes[size_t(r)]);
     }
     K3_NCCL_CHECK(ncclGroupEnd());
@@ -75,11 +75,11 @@ class NcclComm final : public Comm {
     size_t so = 0, ro = 0;
     for (int r = 0; r < size_; ++r) {
       if (send_bytes[size_t(r)] > 0)
-        K3_NCCL_CHECK(ncclSend(static_cast<const char*>(send) + so, size_t(send_bytes[size_t(r)]), ncclChar, r, comm_,
-                               stream_));
+        K3_NCCL_CHECK(ncclSend(static_cast<const char*>(send) + so, size_t(send_bytes[size_t(r)]), ncclChar,
+                               r, comm_, stream_));
       if (recv_bytes[size_t(r)] > 0)
-        K3_NCCL_CHECK(ncclRecv(static_cast<char*>(recv) + ro, size_t(recv_bytes[size_t(r)]), ncclChar, r, comm_,
-                               stream_));
+        K3_NCCL_CHECK(ncclRecv(static_cast<char*>(recv) + ro, size_t(recv_bytes[size_t(r)]), ncclChar, r,
+                               comm_, stream_));
       so += size_t(send_bytes[size_t(r)]);
       ro += size_t(recv_bytes[size_t(r)]);
     }
@@ -135,7 +135,9 @@ Result<std::unique_ptr<Comm>> make_nccl_comm(const NcclRendezvous& rv_in) {
   return std::unique_ptr<Comm>(new NcclComm(comm, stream, rv.rank, rv.world_size, rv.local_rank));
 }
 
-bool nccl_available() { return true; }
+bool nccl_available() {
+  return true;
+}
 
 }  // namespace k3
 

@@ -25,7 +25,8 @@ Result<int> env_int(const char* name, int fallback) {
   }
   char* end = nullptr;
   const long x = std::strtol(v, &end, 10);
-  if (*end || x < 0 || x > 1 << 30) return error(Code::invalid_argument, std::string(name) + "=" + v + " is not a count");
+  if (*end || x < 0 || x > 1 << 30)
+    return error(Code::invalid_argument, std::string(name) + "=" + v + " is not a count");
   return int(x);
 }
 
@@ -73,8 +74,10 @@ Status NcclRendezvous::resolve() {
     K3_ASSIGN_OR_RETURN(port, env_int("MASTER_PORT", 29500));
   }
   if (world_size < 1 || rank >= world_size)
-    return error(Code::invalid_argument, "rank " + std::to_string(rank) + " outside world size " + std::to_string(world_size));
-  if (port < 1 || port > 65535) return error(Code::invalid_argument, "bad rendezvous port " + std::to_string(port));
+    return error(Code::invalid_argument,
+                 "rank " + std::to_string(rank) + " outside world size " + std::to_string(world_size));
+  if (port < 1 || port > 65535)
+    return error(Code::invalid_argument, "bad rendezvous port " + std::to_string(port));
   return ok_status();
 }
 
@@ -92,7 +95,8 @@ Status rendezvous_broadcast(const NcclRendezvous& rv, void* data, size_t n, int 
     int one = 1;
     ::setsockopt(s.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (s.fd < 0 || ::bind(s.fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(s.fd, rv.world_size) != 0)
-      return error(Code::internal, "rendezvous listen on " + rv.addr + ":" + port + ": " + std::strerror(errno));
+      return error(Code::internal,
+                   "rendezvous listen on " + rv.addr + ":" + port + ": " + std::strerror(errno));
     for (int i = 1; i < rv.world_size; ++i) {
       Fd c{::accept(s.fd, nullptr, nullptr)};
       if (c.fd < 0) return error(Code::internal, std::string("rendezvous accept: ") + std::strerror(errno));
@@ -114,7 +118,9 @@ Status rendezvous_broadcast(const NcclRendezvous& rv, void* data, size_t n, int 
 Result<std::unique_ptr<Comm>> make_nccl_comm(const NcclRendezvous&) {
   return error(Code::unsupported, "this build has no NCCL (configure with -DK3_CUDA=ON -DK3_NCCL=ON)");
 }
-bool nccl_available() { return false; }
+bool nccl_available() {
+  return false;
+}
 #endif
 
 }  // namespace k3

@@ -41,7 +41,8 @@ Status ep_shard(const ModelConfig& cfg, ModelWeights& w, std::span<const int> ow
 }
 
 Status ep_run_experts(Comm& comm, std::span<const int> owner, const Ctx& c, const ModelConfig& cfg,
-                      const MoeWeights& w, const float* z, const int32_t* sel, int64_t n_tok, float* slot_out) {
+                      const MoeWeights& w, const float* z, const int32_t* sel, int64_t n_tok,
+                      float* slot_out) {
   const int n = comm.size(), me = comm.rank();
   const int64_t k = cfg.moe.n_expert_used, dz = cfg.moe.d_latent > 0 ? cfg.moe.d_latent : cfg.d_model;
   auto slice0 = [&](int r) { return n_tok * r / n; };
@@ -60,7 +61,8 @@ Status ep_run_experts(Comm& comm, std::span<const int> owner, const Ctx& c, cons
       send_id.push_back(sel[r]);
       send_z.insert(send_z.end(), z + (r / k) * dz, z + (r / k + 1) * dz);
     }
-  std::vector<int64_t> sb_id(static_cast<size_t>(n)), rb_id(static_cast<size_t>(n)), sb_z(static_cast<size_t>(n)), rb_z(static_cast<size_t>(n));
+  std::vector<int64_t> sb_id(static_cast<size_t>(n)), rb_id(static_cast<size_t>(n)),
+      sb_z(static_cast<size_t>(n)), rb_z(static_cast<size_t>(n));
   int64_t n_recv = 0;
   for (int j = 0; j < n; ++j) {
     sb_id[size_t(j)] = cnt[size_t(me * n + j)] * 4, rb_id[size_t(j)] = cnt[size_t(j * n + me)] * 4;
@@ -83,9 +85,11 @@ Status ep_run_experts(Comm& comm, std::span<const int> owner, const Ctx& c, cons
     if (idx.empty()) continue;
     xe.resize(idx.size() * size_t(dz));
     ye.resize(xe.size());
-    for (size_t i = 0; i < idx.size(); ++i) std::copy_n(&recv_z[size_t(idx[i] * dz)], dz, &xe[i * size_t(dz)]);
+    for (size_t i = 0; i < idx.size(); ++i)
+      std::copy_n(&recv_z[size_t(idx[i] * dz)], dz, &xe[i * size_t(dz)]);
     ffn_forward(c, cfg, w.experts[size_t(e)], xe.data(), int64_t(idx.size()), ye.data());
-    for (size_t i = 0; i < idx.size(); ++i) std::copy_n(&ye[i * size_t(dz)], dz, &recv_y[size_t(idx[i] * dz)]);
+    for (size_t i = 0; i < idx.size(); ++i)
+      std::copy_n(&ye[i * size_t(dz)], dz, &recv_y[size_t(idx[i] * dz)]);
   }
 
   // 4. outputs back to their source ranks, into my slice of slot_out, then every slice to every rank
@@ -94,7 +98,8 @@ Status ep_run_experts(Comm& comm, std::span<const int> owner, const Ctx& c, cons
   std::vector<float> mine(size_t((t1 - t0) * k * dz));
   size_t i = 0;
   for (int d = 0; d < n; ++d)
-    for (int64_t r : rows_to[size_t(d)]) std::copy_n(&back[(i++) * size_t(dz)], dz, &mine[size_t((r - t0 * k) * dz)]);
+    for (int64_t r : rows_to[size_t(d)])
+      std::copy_n(&back[(i++) * size_t(dz)], dz, &mine[size_t((r - t0 * k) * dz)]);
   std::vector<int64_t> slice_bytes(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) slice_bytes[size_t(r)] = (slice0(r + 1) - slice0(r)) * k * dz * 4;
   return comm.all_gatherv(mine.data(), slice_bytes, slot_out);

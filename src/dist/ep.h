@@ -35,6 +35,7 @@ std::vector<int> ep_placement(int n_expert, int n_rank, std::span<const double> 
 Status ep_shard(const ModelConfig& cfg, ModelWeights& w, std::span<const int> owner, int rank);
 // Steps 1-4 above for one layer; slot_out [n_tok * k, dz] complete on return on every rank.
 Status ep_run_experts(Comm& comm, std::span<const int> owner, const Ctx& c, const ModelConfig& cfg,
-                      const MoeWeights& w, const float* z, const int32_t* sel, int64_t n_tok, float* slot_out);
+                      const MoeWeights& w, const float* z, const int32_t* sel, int64_t n_tok,
+                      float* slot_out);
 
 }  // namespace k3

@@ -21,7 +21,8 @@ Status check_ascending(const std::vector<int64_t>& v, const char* what) {
   if (v.size() < 2 || v.front() != 0)
     return error(Code::invalid_argument, std::string(what) + " must start at 0 and hold at least 2 entries");
   for (size_t i = 1; i < v.size(); ++i)
-    if (v[i] <= v[i - 1]) return error(Code::invalid_argument, std::string(what) + " must be strictly increasing");
+    if (v[i] <= v[i - 1])
+      return error(Code::invalid_argument, std::string(what) + " must be strictly increasing");
   return ok_status();
 }
 
@@ -60,15 +61,17 @@ std::vector<KcpPiece> kcp_pieces(const KcpLayout& layout, int rank) {
 KcpHooks::KcpHooks(Comm& comm, KcpLayout layout) : comm_(comm), layout_(std::move(layout)) {
   status_ = layout_.validate();
   if (status_.ok() && layout_.n_rank() != comm_.size())
-    status_ = error(Code::invalid_argument, "context parallel layout has " + std::to_string(layout_.n_rank()) +
-                                                " slices for " + std::to_string(comm_.size()) + " ranks");
+    status_ =
+        error(Code::invalid_argument, "context parallel layout has " + std::to_string(layout_.n_rank()) +
+                                          " slices for " + std::to_string(comm_.size()) + " ranks");
   if (status_.ok()) pieces_ = kcp_pieces(layout_, comm_.rank());
 }
 
 void KcpHooks::kda_conv_halo(const Ctx& c, int layer, std::span<const KdaSeq> seqs, const float* q,
                              const float* k, const float* v, int64_t HK, int W) {
   const int me = comm_.rank(), n = comm_.size();
-  if (seqs.size() != pieces_.size()) return fail(c, error(Code::internal, "kcp: sequences do not match the pieces"));
+  if (seqs.size() != pieces_.size())
+    return fail(c, error(Code::internal, "kcp: sequences do not match the pieces"));
   const int64_t w1 = W - 1, win = w1 * HK;  // one projection's window [W-1, HK]
   std::vector<float> halo(size_t(3 * win));
   if (me > 0) {
@@ -120,7 +123,8 @@ void KcpHooks::kda_initial_state(const Ctx& c, int layer, std::span<const KdaSeq
 }
 
 void KcpHooks::mla_context(const Ctx& c, const ModelConfig& cfg, const MlaWeights& w, int layer,
-                           std::span<const MlaSeq> seqs, const float* latent, const float* x, int64_t n_rows) {
+                           std::span<const MlaSeq> seqs, const float* latent, const float* x,
+                           int64_t n_rows) {
   const int n = comm_.size();
   const int64_t T = layout_.rank_start.back(), dl = cfg.mla.d_latent(), Di = cfg.dsa.d_head;
   std::vector<int64_t> lat_bytes(static_cast<size_t>(n)), key_bytes(static_cast<size_t>(n));
@@ -146,7 +150,8 @@ void KcpHooks::mla_context(const Ctx& c, const ModelConfig& cfg, const MlaWeight
     return fail(c, error(Code::internal, "kcp: the continuing piece's n_past does not match its document"));
   MlaState& s = *seqs[0].st;
   s.latent.assign(all_lat.begin() + long(p.doc_start * dl), all_lat.begin() + long(p.t0 * dl));
-  if (w.has_dsa) s.index_k.assign(all_key.begin() + long(p.doc_start * Di), all_key.begin() + long(p.t0 * Di));
+  if (w.has_dsa)
+    s.index_k.assign(all_key.begin() + long(p.doc_start * Di), all_key.begin() + long(p.t0 * Di));
 }
 
 Status kcp_prefill(Model& model, const KcpHooks& hooks, const int32_t* tokens, std::vector<float>* logits,

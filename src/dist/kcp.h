@@ -56,7 +56,8 @@ class KcpHooks final : public ParallelHooks {
                      const float* v, int64_t HK, int W) override;
   void kda_initial_state(const Ctx& c, int layer, std::span<const KdaSeq> seqs, const KdaParams& p) override;
   void mla_context(const Ctx& c, const ModelConfig& cfg, const MlaWeights& w, int layer,
-                   std::span<const MlaSeq> seqs, const float* latent, const float* x, int64_t n_rows) override;
+                   std::span<const MlaSeq> seqs, const float* latent, const float* x,
+                   int64_t n_rows) override;
 
  private:
   Comm& comm_;

@@ -47,8 +47,7 @@ Status shard_glu(FfnWeights& f, int rank, int n, std::shared_ptr<void>& store) {
 
 Status shard_kda(const ModelConfig& cfg, KdaWeights& w, int rank, int n, std::shared_ptr<void>& store) {
   const int64_t K = cfg.kda.d_head, W = cfg.kda.conv_size, nh = cfg.kda.n_head / n, h0 = rank * nh;
-  for (LinearWeight* p : {&w.q_proj, &w.k_proj, &w.v_proj, &w.f_b_proj})
-    *p = linear_rows(*p, h0 * K, nh * K);
+  for (LinearWeight* p : {&w.q_proj, &w.k_proj, &w.v_proj, &w.f_b_proj}) *p = linear_rows(*p, h0 * K, nh * K);
   for (std::vector<float>* c : {&w.q_conv, &w.k_conv, &w.v_conv}) *c = slice(*c, h0 * K * W, nh * K * W);
   w.dt_bias = slice(w.dt_bias, h0 * K, nh * K);
   w.A_log = slice(w.A_log, h0, nh);
@@ -104,7 +103,8 @@ Result<LinearWeight> linear_cols(const LinearWeight& W, int64_t col0, int64_t n_
   out.in = n_cols;
   const bool mx = W.is_mxfp4();
   const int64_t es = mx ? 0 : int64_t(dtype_size(W.dtype));
-  const int64_t src_rb = row_bytes(W), dst_rb = mx ? n_cols / 2 : n_cols * es, off = mx ? col0 / 2 : col0 * es;
+  const int64_t src_rb = row_bytes(W), dst_rb = mx ? n_cols / 2 : n_cols * es,
+                off = mx ? col0 / 2 : col0 * es;
   std::vector<uint8_t>& w = s.bytes.emplace_back(size_t(W.out * dst_rb));
   for (int64_t r = 0; r < W.out; ++r)
     std::copy_n(static_cast<const uint8_t*>(W.w) + r * src_rb + off, dst_rb, &w[size_t(r * dst_rb)]);
@@ -127,7 +127,8 @@ Status tp_check(const ModelConfig& cfg, int n) {
   for (bool b : cfg.layer_moe) (b ? moe : dense) = true;
   if (dense) K3_RETURN_IF_ERROR(check_div("intermediate_size", cfg.d_ff, n));
   if (moe && cfg.moe.n_shared_expert > 0)
-    K3_RETURN_IF_ERROR(check_div("the shared-expert width", int64_t(cfg.moe.n_shared_expert) * cfg.moe.d_ff_expert, n));
+    K3_RETURN_IF_ERROR(
+        check_div("the shared-expert width", int64_t(cfg.moe.n_shared_expert) * cfg.moe.d_ff_expert, n));
   return ok_status();
 }
 

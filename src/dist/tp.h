@@ -15,9 +15,9 @@
 
 #include <string>
 
+#include <memory>
 #include "core/status.h"
 #include "k3/config.h"
-#include <memory>
 
 #include "ops/linear.h"
 

@@ -79,8 +79,9 @@ class Model {
                        std::vector<std::vector<float>>* last_logits);
   // Packed call: sequence i owns rows [row0[i], row0[i+1]) of `tokens` (no empty sequence); logits
   // [out_rows.size(), n_vocab] of the listed rows (ascending).
-  Status forward_packed(std::span<SeqState* const> states, const int32_t* tokens, std::span<const int64_t> row0,
-                        std::span<const int64_t> out_rows, std::vector<float>* logits);
+  Status forward_packed(std::span<SeqState* const> states, const int32_t* tokens,
+                        std::span<const int64_t> row0, std::span<const int64_t> out_rows,
+                        std::vector<float>* logits);
 
  private:
   Model(const Checkpoint& ckpt, const ModelOptions& opt, std::unique_ptr<ModelConfig> shard_cfg = nullptr);

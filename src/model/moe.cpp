@@ -72,7 +72,8 @@ void moe_forward(const Ctx& c, const ModelConfig& cfg, const MoeWeights& w, cons
   // Each expert runs on the tokens routed to it; results land in (token, slot) rows, summed in slot order.
   std::vector<float> slot_out(size_t(n_tok * k * dz)), xe, ye;
   std::vector<int64_t> rows;
-  const bool dispatched = c.par && c.par->moe_experts(c, cfg, w, zin, sel.data(), n_tok, slot_out.data(), layer);
+  const bool dispatched =
+      c.par && c.par->moe_experts(c, cfg, w, zin, sel.data(), n_tok, slot_out.data(), layer);
   for (int64_t e = 0; e < (dispatched ? 0 : E); ++e) {
     rows.clear();
     for (int64_t r = 0; r < n_tok * k; ++r)

@@ -50,7 +50,8 @@ class ParallelHooks {
   // seqs[i].n_past rows of earlier positions held elsewhere. latent: [n_rows, d_latent] new cache rows;
   // x: [n_rows, D] layer input (the DSA index keys read it).
   virtual void mla_context(const Ctx& c, const ModelConfig& cfg, const MlaWeights& w, int layer,
-                           std::span<const MlaSeq> seqs, const float* latent, const float* x, int64_t n_rows) {}
+                           std::span<const MlaSeq> seqs, const float* latent, const float* x,
+                           int64_t n_rows) {}
 };
 
 }  // namespace k3

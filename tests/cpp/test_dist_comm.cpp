@@ -63,7 +63,8 @@ TEST(DistComm, CollectivesOnThreeRanks) {
     std::vector<uint8_t> recv(size_t(3 * (r + 1)));
     check(c.all_to_allv(send.data(), sb, recv.data(), rb).ok(), "all_to_allv status");
     for (int j = 0; j < 3; ++j)
-      for (int b = 0; b <= r; ++b) check(recv[size_t(j * (r + 1) + b)] == uint8_t(16 * j + r), "all_to_allv value");
+      for (int b = 0; b <= r; ++b)
+        check(recv[size_t(j * (r + 1) + b)] == uint8_t(16 * j + r), "all_to_allv value");
     // wrong expectation: a Status, no hang
     std::vector<int64_t> bad = rb;
     bad[0] += 1;
@@ -81,7 +82,8 @@ TEST(DistComm, CollectivesOnThreeRanks) {
     check(!c.recv(&wrong, 4, prev).ok(), "recv size mismatch detected");
     check(c.barrier().ok(), "barrier");
   });
-  for (int r = 0; r < n; ++r) EXPECT_TRUE(errors[size_t(r)].empty()) << "rank " << r << ": " << errors[size_t(r)];
+  for (int r = 0; r < n; ++r)
+    EXPECT_TRUE(errors[size_t(r)].empty()) << "rank " << r << ": " << errors[size_t(r)];
 }
 
 TEST(DistEp, PlacementBalances) {
@@ -111,7 +113,8 @@ struct Segment {
     std::uniform_real_distribution<float> ug(-3.f, -0.01f), ub(0.05f, 0.95f);
     q.resize(size_t(T * H * K)), k.resize(q.size()), g.resize(q.size()), v.resize(size_t(T * H * V));
     beta.resize(size_t(T * H));
-    for (auto* a : {&q, &k, &v}) for (float& x : *a) x = nd(gen);
+    for (auto* a : {&q, &k, &v})
+      for (float& x : *a) x = nd(gen);
     for (float& x : g) x = ug(gen);
     for (float& x : beta) x = ub(gen);
     for (int64_t r = 0; r < T * H; ++r)

@@ -113,7 +113,9 @@ TEST(DistNccl, WorldOfTwoOnTwoGpus) {
   EXPECT_EQ(err[1], "");
 }
 #else
-TEST(DistNccl, WorldOfOne) { GTEST_SKIP() << "built without NCCL (-DK3_CUDA=ON -DK3_NCCL=ON)"; }
+TEST(DistNccl, WorldOfOne) {
+  GTEST_SKIP() << "built without NCCL (-DK3_CUDA=ON -DK3_NCCL=ON)";
+}
 #endif
 
 }  // namespace

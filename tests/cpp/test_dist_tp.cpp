@@ -57,7 +57,8 @@ std::vector<float> sharded(const Checkpoint& ck, int tp, int ep, const std::vect
       err[size_t(r)] = m.status().message();
       return;
     }
-    if (tp > 1 && (*m)->config().kda.n_head * tp != ck.config().kda.n_head) err[size_t(r)] = "KDA heads not sharded";
+    if (tp > 1 && (*m)->config().kda.n_head * tp != ck.config().kda.n_head)
+      err[size_t(r)] = "KDA heads not sharded";
     auto st = (*m)->new_state();
     std::vector<float> step;
     Status s = (*m)->forward(*st, tok.data(), int64_t(tok.size()) - 2, &out[size_t(r)], true);
@@ -139,7 +140,8 @@ TEST(DistTp, RejectsDegreesThatDoNotDivide) {
   Status s = tp_check(ck->config(), 3);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("does not divide"), std::string::npos) << s.message();
-  auto m = Model::load(*ck, test_options(), [](ModelConfig& c, ModelWeights& w) { return tp_shard(c, w, 0, 3); });
+  auto m =
+      Model::load(*ck, test_options(), [](ModelConfig& c, ModelWeights& w) { return tp_shard(c, w, 0, 3); });
   EXPECT_FALSE(m.ok());
 }
 

@@ -57,7 +57,8 @@ void check_layout(const Checkpoint& ck, const std::vector<int32_t>& tok, const K
       return;
     }
     models[size_t(r)] = std::move(m).value();
-    Status s = kcp_prefill(*models[size_t(r)], *hooks[size_t(r)], tok.data(), &logits[size_t(r)], &states[size_t(r)]);
+    Status s = kcp_prefill(*models[size_t(r)], *hooks[size_t(r)], tok.data(), &logits[size_t(r)],
+                           &states[size_t(r)]);
     if (!s.ok()) err[size_t(r)] = s.message();
   });
   std::vector<float> all;
@@ -97,12 +98,18 @@ void check_model(const char* name) {
   check_layout(*ck, tok, l, std::string(name) + " uneven slices");
 }
 
-TEST(Kcp, TinyKl) { check_model("tiny-kl"); }
-TEST(Kcp, TinyK3) { check_model("tiny-k3"); }
-TEST(Kcp, TinyK31) { check_model("tiny-k31"); }
+TEST(Kcp, TinyKl) {
+  check_model("tiny-kl");
+}
+TEST(Kcp, TinyK3) {
+  check_model("tiny-k3");
+}
+TEST(Kcp, TinyK31) {
+  check_model("tiny-k31");
+}
 
 TEST(Kcp, LayoutChecks) {
-  EXPECT_FALSE(KcpLayout::even({0, 3}, 4).ok());  // fewer tokens than ranks
+  EXPECT_FALSE(KcpLayout::even({0, 3}, 4).ok());        // fewer tokens than ranks
   EXPECT_FALSE(KcpLayout::even({0, 5, 5, 9}, 2).ok());  // empty document
   KcpLayout bad{{0, 10}, {0, 4, 9}};
   EXPECT_FALSE(bad.validate().ok());
