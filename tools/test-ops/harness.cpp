@@ -316,6 +316,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "random seed");
   app.add_flag("-v,--verbose", verbose, "print every comparison, not only failures");
   CLI11_PARSE(app, argc, argv);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a log file even if a failed launch aborts
   k3::ThreadPool pool(threads);
   if (mode == "list") {
     for (auto& c : all_cases(op))
