@@ -1,10 +1,10 @@
 // test_dist_tp.cpp: tensor and expert parallelism with in-process ranks give the single-rank logits.
 //
 // For tiny-kl, tiny-k3, tiny-k31 (and the K3 models read with 4 KDA heads, so TP = 4 divides every head
-// count): TP = 2, 4 where tp_check allows it, EP = 2, 4 (round robin and load-balanced placement), and
-// TP = 2 x EP = 2 on the same ranks. fp32 mode: a prefill (every row's logits) then two decoded tokens
-// (absorbed MLA, recurrent KDA), NMSE <= 1e-6 against one rank; every rank ends with bit-identical logits
-// (replicated activations).
+// count): TP = 2, 4 where tp_check allows it, EP = 2, 4 (round robin and load-balanced placement),
+// TP = 2 x EP = 2 on the same ranks, and two TP = 2 groups under one EP = 4 group. fp32 mode: a prefill
+// (every row's logits) then two decoded tokens (absorbed MLA, recurrent KDA), NMSE <= 1e-6 against one rank;
+// every rank ends with bit-identical logits (replicated activations).
 #include <gtest/gtest.h>
 
 #include "dist/ep.h"
@@ -34,16 +34,20 @@ std::vector<float> single_rank(const Checkpoint& ck, const std::vector<int32_t>&
   return logits;
 }
 
-// n ranks; tp / ep in {1, n}. Returns rank 0's logits after checking every rank got the same bits.
+// n = max(tp, ep) ranks; tp divides n (TP groups of consecutive ranks), ep in {1, n}. Returns rank 0's logits
+// after checking every rank got the same bits.
 std::vector<float> sharded(const Checkpoint& ck, int tp, int ep, const std::vector<int32_t>& tok,
                            std::span<const double> load = {}, Precision prec = Precision::fp32) {
   const int n = std::max(tp, ep);
   auto comms = make_inproc_comms(n);
+  // TP groups of `tp` consecutive ranks, each its own communicator, when EP spans more ranks than TP.
+  std::vector<std::vector<std::unique_ptr<Comm>>> tp_groups;
+  for (int g = 0; tp < n && g < n / tp; ++g) tp_groups.push_back(make_inproc_comms(tp));
   std::vector<std::vector<float>> out(static_cast<size_t>(n));
   std::vector<std::string> err(static_cast<size_t>(n));
   run_ranks(n, [&](int r) {
     ShardPlan plan;
-    if (tp > 1) plan.tp = comms[size_t(r)].get();
+    if (tp > 1) plan.tp = tp < n ? tp_groups[size_t(r / tp)][size_t(r % tp)].get() : comms[size_t(r)].get();
     if (ep > 1) {
       plan.ep = comms[size_t(r)].get();
       plan.owner = ep_placement(ck.config().moe.n_expert, ep, load);
@@ -93,7 +97,10 @@ void check_model(const Checkpoint& ck, const char* name) {
   for (int ep : {2, 4}) expect(nmse(sharded(ck, 1, ep, tok), ref), "EP=" + std::to_string(ep));
   const std::vector<double> load = {5, 1, 9, 2, 7, 3, 8, 4};
   if (ck.config().moe.n_expert == 8) expect(nmse(sharded(ck, 1, 4, tok, load), ref), "EP=4 balanced");
-  if (tp_check(ck.config(), 2).ok()) expect(nmse(sharded(ck, 2, 2, tok), ref), "TP=2 x EP=2");
+  if (tp_check(ck.config(), 2).ok()) {
+    expect(nmse(sharded(ck, 2, 2, tok), ref), "TP=2 x EP=2");
+    expect(nmse(sharded(ck, 2, 4, tok), ref), "TP=2 (two groups) x EP=4");
+  }
 }
 
 TEST(DistTp, TinyKl) {
