@@ -29,7 +29,7 @@ OUT=${OUT:-/tmp/dist_nccl}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/dist_nccl.log") 2>&1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-nccl=$(dirname "$(find / -name 'libnccl.so.2*' -not -path '/proc/*' 2>/dev/null | head -1)" 2>/dev/null)
+nccl=$(dirname "$(find /usr /opt /root -name 'libnccl.so.2*' 2>/dev/null | head -1)" 2>/dev/null)
 cublas=$(dirname "$(find /usr/local/cuda*/ /usr/lib /opt -name 'libcublas.so.13*' 2>/dev/null | head -1)" 2>/dev/null)
 export LD_LIBRARY_PATH="$here/$B/lib:${nccl:-}:${cublas:-}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 echo "== $(date -u)"; nvidia-smi -L; echo "NCCL from: ${nccl:-?}"
