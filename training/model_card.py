@@ -73,7 +73,17 @@ def main(argv=None):
               f"{acc['ppl_rel_diff']:.1e}); top-1 agreement {acc['top1_agreement'] * 100:.2f}% over "
               f"{acc['top1_positions']} positions",
               f"- router load over the text: min {acc['router_load_min']:.2f}, max {acc['router_load_max']:.2f} "
-              f"x the mean"]
+              f"x the mean (check: every expert of every MoE layer within [0.25, 4] x the mean)"]
+    ht = s.get("held_out_text")
+    if ht:
+        if a.k31 and "held_out_text_sparse" in s.get("k31", {}):
+            k = s["k31"]
+            val = (f"{k['held_out_text_sparse']['ppl']:.3f} (main attention dense: "
+                   f"{k['held_out_text_dense']['ppl']:.3f})")
+        else:
+            val = f"{ht['ppl']:.3f}"
+        lines.append(f"- the whole text ({ht['windows']} windows of {ht['ctx']}, {ht['tokens_scored']:,} tokens) in "
+                     f"the training run on the H200 (PyTorch, bf16 autocast): ppl {val}")
     if a.k31:
         lines.append(f"- dense-attention perplexity {acc['pytorch_ppl_dense']:.4f}: DSA "
                      f"{acc['dsa_vs_dense'] * 100:+.2f}%")
@@ -88,6 +98,11 @@ def main(argv=None):
     if checks:
         lines.append("- acceptance checks (training/acceptance.py): " + ", ".join(
             f"{k} {'pass' if v else 'FAIL'}" for k, v in checks.items()))
+    sample = s.get("samples", {}).get("prose")
+    if sample:
+        prompt, _, cont = sample.partition("|||")
+        lines += ["", "## Sample (K3 model of the training run, PyTorch, temperature 0.8, top-k 40)", "",
+                  f"Prompt `{prompt.replace('[BOS]', '')}` ->{cont.rstrip()}"]
     lines += ["", "## Licence", "",
               "Weights and tokenizer trained by the k3.cpp project (licence of the repository) from public-domain "
               "texts and the PSF-licensed Python 3.11 documentation; sources and licences in data/SOURCES.md.", ""]
