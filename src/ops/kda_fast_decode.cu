@@ -19,7 +19,7 @@ namespace k3 {
 namespace {
 
 #ifndef KDA_DECODE_SPLIT
-#define KDA_DECODE_SPLIT 1
+#define KDA_DECODE_SPLIT 0
 #endif
 constexpr int DK = 128, DV = 128, NT = 256, NW = NT / 32, ROWS = DK / NW;
 

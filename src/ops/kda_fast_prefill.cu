@@ -67,7 +67,10 @@ __device__ inline void mma_load_b_nk(uint32_t (&b)[2], const float* X, int ld, i
 }
 
 #ifndef KDA_FAST_NT
-#define KDA_FAST_NT 256
+#define KDA_FAST_NT 512
+#endif
+#ifndef KDA_FAST_INV_DOUBLING
+#define KDA_FAST_INV_DOUBLING 1
 #endif
 constexpr int C = 64, DK = 128, VB = 64, NT = KDA_FAST_NT, NW = NT / 32;
 static_assert(NW == 8 || NW == 16, "8 or 16 warps");
@@ -223,6 +226,65 @@ __device__ void invert(float* sm) {
   const float* L = sm + OFF_KD;
   float* T = sm + OFF_T;
   float* P = sm + OFF_P;
+#if KDA_FAST_INV_DOUBLING
+  // T_aa = (I + N)^-1 = (I - N)(I + N^2)(I + N^4)(I + N^8) for N = L_aa (strictly lower, N^16 = 0): four
+  // stages of 16x16 products, every element its own thread, instead of a 16-step substitution chain.
+  // Scratch in the Kc region (dead after phase 1, Bk not yet written): [m][a][16][16], m = N2, N4, N8, X.
+  float* W = sm + OFF_KB;
+  auto Nm = [&](int a, int r, int x) { return L[(16 * a + r) * LDC + 16 * a + x]; };
+  auto Wm = [&](int m, int a) { return W + (m * 4 + a) * 256; };
+  for (int e = tid; e < 1024; e += NT) {  // N2 = N N
+    const int a = e >> 8, r = (e >> 4) & 15, c = e & 15;
+    float s = 0.f;
+#pragma unroll
+    for (int x = 0; x < 16; ++x) s += Nm(a, r, x) * Nm(a, x, c);
+    Wm(0, a)[r * 16 + c] = s;
+  }
+  for (int e = tid; e < 6 * 256; e += NT) {  // blocks above the diagonal are zero
+    const int blk = e >> 8, r = (e >> 4) & 15, c = e & 15;
+    const int a = blk < 3 ? 0 : (blk < 5 ? 1 : 2), b = blk < 3 ? blk + 1 : (blk < 5 ? blk - 1 : 3);
+    T[(16 * a + r) * LDC + 16 * b + c] = 0.f;
+  }
+  __syncthreads();
+  for (int e = tid; e < 2048; e += NT) {  // X = (I - N)(I + N2) = I - N + N2 - N N2;  N4 = N2 N2
+    const int which = e >> 10, a = (e >> 8) & 3, r = (e >> 4) & 15, c = e & 15;
+    const float* N2 = Wm(0, a);
+    float s = 0.f;
+    if (which == 0) {
+#pragma unroll
+      for (int x = 0; x < 16; ++x) s += Nm(a, r, x) * N2[x * 16 + c];
+      Wm(3, a)[r * 16 + c] = (r == c ? 1.f : 0.f) - Nm(a, r, c) + N2[r * 16 + c] - s;
+    } else {
+#pragma unroll
+      for (int x = 0; x < 16; ++x) s += N2[r * 16 + x] * N2[x * 16 + c];
+      Wm(1, a)[r * 16 + c] = s;
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < 2048; e += NT) {  // X (I + N4) -> N2's place;  N8 = N4 N4
+    const int which = e >> 10, a = (e >> 8) & 3, r = (e >> 4) & 15, c = e & 15;
+    const float *N4 = Wm(1, a), *X = Wm(3, a);
+    float s = 0.f;
+    if (which == 0) {
+#pragma unroll
+      for (int x = 0; x < 16; ++x) s += X[r * 16 + x] * N4[x * 16 + c];
+      Wm(0, a)[r * 16 + c] = X[r * 16 + c] + s;
+    } else {
+#pragma unroll
+      for (int x = 0; x < 16; ++x) s += N4[r * 16 + x] * N4[x * 16 + c];
+      Wm(2, a)[r * 16 + c] = s;
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < 1024; e += NT) {  // T_aa = X' (I + N8)
+    const int a = e >> 8, r = (e >> 4) & 15, c = e & 15;
+    const float *X = Wm(0, a), *N8 = Wm(2, a);
+    float s = X[r * 16 + c];
+#pragma unroll
+    for (int x = 0; x < 16; ++x) s += X[r * 16 + x] * N8[x * 16 + c];
+    T[(16 * a + r) * LDC + 16 * a + c] = s;
+  }
+#else
   if (tid < 64) {
     const int a = tid >> 4, c = tid & 15;
     float x[16];
@@ -241,6 +303,7 @@ __device__ void invert(float* sm) {
       T[(16 * a + r) * LDC + 16 * b + c] = 0.f;
     }
   }
+#endif
   __syncthreads();
   const int r = (tid >> 4) & 15, c = tid & 15;
   const bool on = tid < 256;  // one thread per element of a 16x16 block
