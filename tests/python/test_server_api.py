@@ -254,3 +254,30 @@ def test_sigterm_lets_in_flight_requests_finish(k3_bin, root):
         assert s.proc.wait(timeout=30) == 0
     finally:
         s.stop()
+
+
+def test_reasoning_on_the_trained_model(k3_bin, root):
+    """models/k3-tiny (trained) thinks, then answers, then ends its turn: reasoning and content come apart,
+    no marker reaches the client, streaming says the same, and thinking can be turned off."""
+    if not (root / "models" / "k3-tiny" / "config.json").exists():
+        pytest.skip("models/k3-tiny is not in the tree (moved aside by a device call)")
+    s = Live(k3_bin, root, model="k3-tiny", threads=2)
+    try:
+        kw = dict(model="k3-tiny", messages=[{"role": "user", "content": "What is the capital of France?"}],
+                  max_tokens=120, temperature=0)
+        r = s.client.chat.completions.create(**kw)
+        m = r.choices[0].message
+        assert r.choices[0].finish_reason == "stop"
+        assert m.reasoning_content and m.content and m.reasoning_content == m.reasoning
+        assert 0 < r.usage.completion_tokens_details.reasoning_tokens < r.usage.completion_tokens
+        for text in (m.content, m.reasoning_content):
+            assert "<|" not in text and text == text.strip()
+        chunks = list(s.client.chat.completions.create(stream=True, **kw))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == m.content
+        assert "".join(getattr(c.choices[0].delta, "reasoning_content", None) or ""
+                       for c in chunks if c.choices) == m.reasoning_content
+        off = s.client.chat.completions.create(**kw, extra_body={"chat_template_kwargs": {"thinking": False}})
+        assert not getattr(off.choices[0].message, "reasoning_content", None) and off.choices[0].message.content
+        assert off.usage.completion_tokens_details.reasoning_tokens == 0
+    finally:
+        s.stop()
