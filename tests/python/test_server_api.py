@@ -202,7 +202,9 @@ def test_timeout_ends_with_length_and_frees_pages(k3_bin, root):
         t0 = time.time()
         status, body = s.post("/v1/chat/completions", long_body())
         assert status == 200 and body["choices"][0]["finish_reason"] == "length"
-        assert 0 < body["usage"]["completion_tokens"] < 1900 and time.time() - t0 < 30
+        # ended by the clock, not by the context (max_tokens 1900 is more than the context leaves)
+        assert 0 < body["usage"]["completion_tokens"] and body["usage"]["total_tokens"] < 2048
+        assert time.time() - t0 < 30
         chunks = list(s.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=1900, stream=True,
                                                        extra_body={"ignore_eos": True}))
         assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
