@@ -1,9 +1,9 @@
 // linear_cuda.cu: y = W x on the GPU (linear.h) for every weight dtype, fp32 accumulation everywhere.
 //
-//   n_tok <= 8 (decode): a GEMV that decodes W in registers, one warp per output row, 16-byte weight loads
-//       (4 f32 / 8 bf16 or f16 / 16 fp8 / 32 MXFP4 = one scale group per load), per load a partial sum
-//       over its elements (MXFP4: partial * 2^(e-127), as linear_cpu); rows that are not 16-byte aligned
-//       take a scalar loop. x is read by every warp (L1/L2 resident).
+//   n_tok <= 8 (decode): a GEMV that decodes W in registers, one warp per output row, each lane loading
+//       8 weights at a time (16 bytes bf16 / f16, 8 fp8, 4 MXFP4; 4 f32 in 16 bytes) and the matching
+//       32 bytes of x per token; per load a partial sum (MXFP4: partial * 2^(e-127), exact like the CPU's
+//       per-group scaling); rows not aligned to the load width take a scalar loop. x is L1/L2 resident.
 //   n_tok > 8 (prefill), cuBLAS GemmEx, column-major view: y^T [out, n_tok] = W [in, out]^T x^T [in, n_tok]:
 //       bf16 mode (x bf16-exact) with bf16 / fp8 / MXFP4 weights: x -> bf16 copy, W -> bf16 tile (fp8 and
 //           e2m1 * 2^(e-127) are exact in bf16), bf16 x bf16 -> fp32 with CUBLAS_COMPUTE_32F;
@@ -29,11 +29,24 @@ enum class WK { f32, bf16, f16, fp8, mxfp4 };
 
 constexpr int kGemvMaxTok = 8, kGemvWarps = 8;
 
-// Elements per 16-byte load.
+// One lane's weight load in the GEMV: a 4 to 16-byte word holding E weights. E = 8 (4 for f32) for every
+// dtype, so a lane reads 32 contiguous bytes of x per token and the warp's x reads stay dense (an MXFP4
+// lane reading 16 bytes = 32 weights would touch a 128-byte x line per lane: 4x the L1 traffic).
 template <WK K>
-constexpr int elems16() {
-  return K == WK::f32 ? 4 : K == WK::fp8 ? 16 : K == WK::mxfp4 ? 32 : 8;
-}
+struct Chunk {
+  using T = uint4;  // f32 (4 weights), bf16 / f16 (8)
+  static constexpr int E = K == WK::f32 ? 4 : 8;
+};
+template <>
+struct Chunk<WK::fp8> {
+  using T = uint2;  // 8 bytes = 8 weights
+  static constexpr int E = 8;
+};
+template <>
+struct Chunk<WK::mxfp4> {
+  using T = uint32_t;  // 4 bytes = 8 weights (a quarter of one scale group)
+  static constexpr int E = 8;
+};
 
 __device__ __forceinline__ float e2m1(uint32_t nib) {  // {0, .5, 1, 1.5, 2, 3, 4, 6} x sign, exact
   const uint32_t em = nib & 7;
@@ -64,27 +77,34 @@ __device__ __forceinline__ float weight_at(const void* w, const uint8_t* scale, 
   return 0.f;
 }
 
-// The elems16<K>() weights of one 16-byte load, without the MXFP4 scale.
-template <WK K>
-__device__ __forceinline__ void decode16(const uint4 raw, float* w) {
+// The Chunk<K>::E weights of one load, without the MXFP4 scale.
+__device__ __forceinline__ void decode_words(const uint4 raw, WK k, float* w) {
   const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    if constexpr (K == WK::f32) {
+    if (k == WK::f32) {
       w[q] = __uint_as_float(u[q]);
-    } else if constexpr (K == WK::bf16) {
+    } else if (k == WK::bf16) {  // element 2q in the low half
       w[2 * q] = __uint_as_float(u[q] << 16);
       w[2 * q + 1] = __uint_as_float(u[q] & 0xffff0000u);
-    } else if constexpr (K == WK::f16) {
+    } else {  // f16
       w[2 * q] = __half2float(__ushort_as_half(uint16_t(u[q] & 0xffff)));
       w[2 * q + 1] = __half2float(__ushort_as_half(uint16_t(u[q] >> 16)));
-    } else if constexpr (K == WK::fp8) {
-#pragma unroll
-      for (int b = 0; b < 4; ++b) w[4 * q + b] = fp8(uint8_t(u[q] >> (8 * b)));
-    } else {  // MXFP4: byte k holds columns 2k (low nibble) and 2k + 1
-#pragma unroll
-      for (int n = 0; n < 8; ++n) w[8 * q + n] = e2m1((u[q] >> (4 * n)) & 0xf);
     }
+  }
+}
+template <WK K>
+__device__ __forceinline__ void decode_chunk(const typename Chunk<K>::T raw, float* w) {
+  if constexpr (K == WK::fp8) {
+#pragma unroll
+    for (int b = 0; b < 4; ++b) w[b] = fp8(uint8_t(raw.x >> (8 * b)));
+#pragma unroll
+    for (int b = 0; b < 4; ++b) w[4 + b] = fp8(uint8_t(raw.y >> (8 * b)));
+  } else if constexpr (K == WK::mxfp4) {  // byte k holds columns 2k (low nibble) and 2k + 1
+#pragma unroll
+    for (int n = 0; n < 8; ++n) w[n] = e2m1((raw >> (4 * n)) & 0xf);
+  } else {
+    decode_words(raw, K, w);
   }
 }
 
@@ -109,12 +129,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemvArgs a) {
 #pragma unroll
   for (int t = 0; t < kGemvMaxTok; ++t) acc[t] = 0.f;
   if constexpr (VEC) {
-    constexpr int E = elems16<K>();
-    const uint4* wrow = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(a.w) + o * a.row_bytes);
-    for (int64_t v = lane; v < a.in / E; v += 32) {
+    using T = typename Chunk<K>::T;
+    constexpr int E = Chunk<K>::E;
+    const T* wrow = reinterpret_cast<const T*>(static_cast<const uint8_t*>(a.w) + o * a.row_bytes);
+    const uint8_t* srow = K == WK::mxfp4 ? a.scale + o * (a.in / 32) : nullptr;
+    const int64_t n_chunk = a.in / E;
+#pragma unroll 4
+    for (int64_t v = lane; v < n_chunk; v += 32) {
       float w[E];
-      decode16<K>(__ldg(wrow + v), w);
-      const float sc = K == WK::mxfp4 ? e8m0(a.scale[o * (a.in / 32) + v]) : 1.f;
+      decode_chunk<K>(__ldg(wrow + v), w);
+      const float sc = K == WK::mxfp4 ? e8m0(__ldg(srow + v * E / 32)) : 1.f;
 #pragma unroll
       for (int t = 0; t < kGemvMaxTok; ++t) {
         if (t >= a.n_tok) break;
@@ -190,7 +214,8 @@ WK kind_of(const LinearWeight& W) {
 
 template <WK K>
 void gemv(const LinearWeight& W, const GemvArgs& a, GpuContext& g) {
-  const bool vec = reinterpret_cast<uintptr_t>(W.w) % 16 == 0 && a.row_bytes % 16 == 0;
+  constexpr size_t word = sizeof(typename Chunk<K>::T);
+  const bool vec = reinterpret_cast<uintptr_t>(W.w) % word == 0 && a.row_bytes % int64_t(word) == 0;
   const unsigned grid = blocks_for(W.out, kGemvWarps);
   if (vec)
     gemv_kernel<K, true><<<grid, kGemvWarps * 32, 0, g.stream>>>(a);
