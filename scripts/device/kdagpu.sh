@@ -13,7 +13,7 @@ t0=$SECONDS
 commit=$(cat .carry/kdagpu/COMMIT 2>/dev/null || echo unknown)
 {
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-  for name in ${BINS:-bench_kda_c bench_kda_d bench_kda_a}; do
+  for name in ${BINS:-bench_kda_e bench_kda_f bench_kda_g bench_kda_d}; do
     echo "== $name (t=$((SECONDS - t0)) s)"
     timeout 40 ".carry/kdagpu/$name" "$tmp/ours_$name.json" all 2>&1 | grep -v conv_mismatch
   done

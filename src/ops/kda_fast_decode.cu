@@ -21,6 +21,9 @@ namespace {
 #ifndef KDA_DECODE_SPLIT
 #define KDA_DECODE_SPLIT 0
 #endif
+#ifndef KDA_DECODE_MIN_BLOCKS  // CTAs per SM the register budget is sized for (2: no spills)
+#define KDA_DECODE_MIN_BLOCKS 2
+#endif
 constexpr int DK = 128, DV = 128, NT = 256, NW = NT / 32, ROWS = DK / NW;
 
 __device__ inline float bf16f(uint16_t x) {
@@ -35,7 +38,7 @@ __device__ inline float warp_sum(float x) {
   return x;
 }
 
-__global__ void __launch_bounds__(NT) kda_decode_kernel(const KdaDecodeParams p) {
+__global__ void __launch_bounds__(NT, KDA_DECODE_MIN_BLOCKS) kda_decode_kernel(const KdaDecodeParams p) {
   __shared__ __align__(16) float x[3][DK];  // conv outputs q~, k~, v~ (bf16 values), then q, k normalized
   __shared__ float alpha[DK];               // exp(g)
   __shared__ __align__(16) float red[2][NW][DV];  // per-warp partial sums: S^T k, then S^T q

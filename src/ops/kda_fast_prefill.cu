@@ -72,6 +72,12 @@ __device__ inline void mma_load_b_nk(uint32_t (&b)[2], const float* X, int ld, i
 #ifndef KDA_FAST_INV_DOUBLING
 #define KDA_FAST_INV_DOUBLING 1
 #endif
+#ifndef KDA_FAST_AL_PAIRS  // A, L: each warp two adjacent column tiles (half the A-operand reads)
+#define KDA_FAST_AL_PAIRS 0
+#endif
+#ifndef KDA_FAST_OW  // warps on the [64, 64] products of phase 4 (fewer warps: less shared-memory traffic)
+#define KDA_FAST_OW NW
+#endif
 constexpr int C = 64, DK = 128, VB = 64, NT = KDA_FAST_NT, NW = NT / 32;
 static_assert(NW == 8 || NW == 16, "8 or 16 warps");
 constexpr int NQ = C * DK / 8 / NT, NV = C * VB / 8 / NT;  // 16-byte loads per thread: q, k, g; v
@@ -190,6 +196,40 @@ __device__ __forceinline__ void intra_chunk(float* sm) {
   }
   __syncthreads();
   const int g = lane >> 2, t = lane & 3;
+#if KDA_FAST_AL_PAIRS
+  constexpr int n_pair = a + 1;  // jobs: 16 columns of A or of L; the A fragment serves two MMAs
+  for (int job = warp; job < 2 * n_pair; job += NW) {
+    const bool is_l = job >= n_pair;
+    const int j0 = 16 * (job % n_pair);
+    const float* X = is_l ? Kr : Qr;
+    float acc[2][4] = {}, acc2[2][4] = {};
+#pragma unroll
+    for (int k0 = 0; k0 < DK; k0 += 16) {
+      uint32_t af[4], af2[4];
+      mma_load_a(af, X, LDR, 0, k0);
+      mma_load_a(af2, X, LDR, 0, k0 + 8);
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        uint32_t bf[2], bf2[2];
+        mma_load_b_nk(bf, Kc, LDR, k0, j0 + 8 * u);
+        mma_load_b_nk(bf2, Kc, LDR, k0 + 8, j0 + 8 * u);
+        mma_tf32(acc[u], af, bf);
+        mma_tf32(acc2[u], af2, bf2);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int i = 16 * a + g + 8 * (c >> 1), j = j0 + 8 * u + 2 * t + (c & 1);
+        const float x = acc[u][c] + acc2[u][c];
+        if (is_l)
+          L[i * LDC + j] = j < i ? beta[i] * x : 0.f;
+        else
+          A[i * LDC + j] = j <= i ? x : 0.f;
+      }
+  }
+#else
   constexpr int n_tile = 2 * (a + 1);
   for (int tile = warp; tile < 2 * n_tile; tile += NW) {
     const bool is_l = tile >= n_tile;
@@ -216,6 +256,7 @@ __device__ __forceinline__ void intra_chunk(float* sm) {
         A[i * LDC + j] = j <= i ? x : 0.f;
     }
   }
+#endif
   __syncthreads();
 }
 
@@ -425,37 +466,40 @@ __global__ void __launch_bounds__(NT, 1) kda_prefill_kernel(const KdaPrefillPara
     // Prefetch the next chunk while the MMAs below run.
     if (t0 + C < tok1) load_chunk(in, p, t0 + C, int(min(int64_t(C), tok1 - t0 - C)), h, vh);
     // Phase 4a: Y = beta V - Bk S; O = Qe S. Warp tile: rows 16 mi .. + 15, columns n0 .. + 8 ON - 1.
-    constexpr int ON = 32 / NW;  // n-tiles of 8 per warp in the [64, 64] outputs
-    const int mi = warp & 3, n0 = 8 * ON * (warp >> 2);
+    constexpr int OW = KDA_FAST_OW, ON = 32 / OW;  // warps on, n-tiles of 8 per warp in, the [64, 64] outputs
+    const bool o_warp = warp < OW;
+    const int mi = warp & 3, n0 = 8 * ON * ((warp >> 2) % (OW / 4));
     float accO[ON][4], accY[ON][4];
 #pragma unroll
     for (int j = 0; j < ON; ++j)
 #pragma unroll
       for (int c = 0; c < 4; ++c) accO[j][c] = accY[j][c] = 0.f;
+    if (o_warp) {
 #pragma unroll 2
-    for (int k0 = 0; k0 < DK; k0 += 8) {
-      uint32_t ab[4], aq[4];
-      mma_load_a(ab, Bk + 16 * mi * LDR, LDR, 0, k0);
-      mma_load_a(aq, G + 16 * mi * LDR, LDR, 0, k0);
+      for (int k0 = 0; k0 < DK; k0 += 8) {
+        uint32_t ab[4], aq[4];
+        mma_load_a(ab, Bk + 16 * mi * LDR, LDR, 0, k0);
+        mma_load_a(aq, G + 16 * mi * LDR, LDR, 0, k0);
 #pragma unroll
-      for (int j = 0; j < ON; ++j) {
-        uint32_t bf[2];
-        mma_load_b_kn(bf, S, LDV, k0, n0 + 8 * j);
-        mma_tf32(accY[j], ab, bf);
-        mma_tf32(accO[j], aq, bf);
+        for (int j = 0; j < ON; ++j) {
+          uint32_t bf[2];
+          mma_load_b_kn(bf, S, LDV, k0, n0 + 8 * j);
+          mma_tf32(accY[j], ab, bf);
+          mma_tf32(accO[j], aq, bf);
+        }
       }
+#pragma unroll
+      for (int j = 0; j < ON; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int i = 16 * mi + g + 8 * (c >> 1), col = n0 + 8 * j + 2 * t + (c & 1);
+          Y[i * LDV + col] -= accY[j][c];
+        }
     }
-#pragma unroll
-    for (int j = 0; j < ON; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int i = 16 * mi + g + 8 * (c >> 1), col = n0 + 8 * j + 2 * t + (c & 1);
-        Y[i * LDV + col] -= accY[j][c];
-      }
     __syncthreads();
     PROF(5)
     // Phase 4b: V' = T Y.
-    {
+    if (o_warp) {
       float acc[ON][4] = {};
 #pragma unroll
       for (int k0 = 0; k0 < C; k0 += 8) {
@@ -477,28 +521,30 @@ __global__ void __launch_bounds__(NT, 1) kda_prefill_kernel(const KdaPrefillPara
     __syncthreads();
     PROF(6)
     // Phase 4c: O += A V' (written as bf16); S <- exp(G_C) S + Kd^T V' (warp: rows 16 warp .. + 15 of S).
+    if (o_warp) {
 #pragma unroll
-    for (int k0 = 0; k0 < C; k0 += 8) {
-      uint32_t af[4];
-      mma_load_a(af, A + 16 * mi * LDC, LDC, 0, k0);
+      for (int k0 = 0; k0 < C; k0 += 8) {
+        uint32_t af[4];
+        mma_load_a(af, A + 16 * mi * LDC, LDC, 0, k0);
 #pragma unroll
-      for (int j = 0; j < ON; ++j) {
-        uint32_t bf[2];
-        mma_load_b_kn(bf, Vp, LDV, k0, n0 + 8 * j);
-        mma_tf32(accO[j], af, bf);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < ON; ++j)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int i = 16 * mi + g + 8 * hh;
-        if (i < n) {
-          const int col = vh * VB + n0 + 8 * j + 2 * t;
-          *reinterpret_cast<__nv_bfloat162*>(p.o + (size_t(t0 + i) * H + h) * 128 + col) =
-              __floats2bfloat162_rn(accO[j][2 * hh], accO[j][2 * hh + 1]);
+        for (int j = 0; j < ON; ++j) {
+          uint32_t bf[2];
+          mma_load_b_kn(bf, Vp, LDV, k0, n0 + 8 * j);
+          mma_tf32(accO[j], af, bf);
         }
       }
+#pragma unroll
+      for (int j = 0; j < ON; ++j)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int i = 16 * mi + g + 8 * hh;
+          if (i < n) {
+            const int col = vh * VB + n0 + 8 * j + 2 * t;
+            *reinterpret_cast<__nv_bfloat162*>(p.o + (size_t(t0 + i) * H + h) * 128 + col) =
+                __floats2bfloat162_rn(accO[j][2 * hh], accO[j][2 * hh + 1]);
+          }
+        }
+    }
     {
       constexpr int SN = 64 / NW;  // n-tiles of 8 per warp in S [128, 64]
       float acc[SN][4];
