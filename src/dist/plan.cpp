@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <tuple>
 
 #include "io/manifest.h"
@@ -200,6 +201,7 @@ namespace {
 // What every layout needs from the model, summed once per evaluation.
 struct ModelSums {
   int64_t replicated = 0, tp_whole = 0, routed = 0, embed = 0;  // bytes; embed is also in replicated
+  std::map<int64_t, int64_t> tp_sizes;                          // TP tensor bytes -> how many
   int n_kda = 0, n_mla = 0, n_dsa = 0, n_moe = 0;
   SeqCacheBytes seq;
   double lat = 0, idx = 0;  // cache bytes per token per MLA/DSA layer, per DSA layer
@@ -210,6 +212,7 @@ ModelSums sum_model(const ModelConfig& c, const std::vector<PlanTensor>& w, cons
   for (const PlanTensor& t : w) {
     if (t.name == "model.embed_tokens.weight") m.embed = t.bytes;
     (t.shard == Shard::ep ? m.routed : t.shard == Shard::tp ? m.tp_whole : m.replicated) += t.bytes;
+    if (t.shard == Shard::tp) ++m.tp_sizes[t.bytes];
   }
   m.n_kda = c.n_layers_of(AttnKind::kda), m.n_mla = c.n_layers_of(AttnKind::mla);
   m.n_dsa = c.n_layers_of(AttnKind::dsa);
@@ -238,11 +241,7 @@ int64_t activation_width(const ModelConfig& c, const ModelSums& m, int64_t tp) {
   return D * (2 + blocks) + width;
 }
 
-}  // namespace
-
-Plan evaluate_plan(const ModelConfig& c, const std::vector<PlanTensor>& w, const Layout& l,
-                   const PlanOptions& o) {
-  const ModelSums m = sum_model(c, w, o);
+Plan evaluate(const ModelConfig& c, const ModelSums& m, const Layout& l, const PlanOptions& o) {
   const int64_t W = l.world(), tp = l.tp, kcp = l.kcp, E = std::max(c.moe.n_expert, 1),
                 V = std::max(c.n_vocab, 1);
   const int64_t B = std::max<int64_t>(o.batch, 1), T = std::max<int64_t>(o.context, 1);
@@ -252,8 +251,7 @@ Plan evaluate_plan(const ModelConfig& c, const std::vector<PlanTensor>& w, const
 
   // Weights: TP tensors split by tp (rounded up per tensor), experts ceil(E / ep) per rank.
   p.mem.weights_replicated = m.replicated;
-  for (const PlanTensor& t : w)
-    if (t.shard == Shard::tp) p.mem.weights_tp += ceil_div(t.bytes, tp);
+  for (const auto& [bytes, n] : m.tp_sizes) p.mem.weights_tp += n * ceil_div(bytes, tp);
   p.mem.weights_ep = m.routed / E * ceil_div(E, l.ep);
   // Caches: the KDA state splits over heads (tp); latent / index rows over positions (kcp).
   p.mem.kda_state = seqs * ceil_div(m.seq.kda_state, tp);
@@ -301,7 +299,15 @@ Plan evaluate_plan(const ModelConfig& c, const std::vector<PlanTensor>& w, const
   return p;
 }
 
+}  // namespace
+
+Plan evaluate_plan(const ModelConfig& c, const std::vector<PlanTensor>& w, const Layout& l,
+                   const PlanOptions& o) {
+  return evaluate(c, sum_model(c, w, o), l, o);
+}
+
 std::vector<Plan> all_plans(const ModelConfig& c, const std::vector<PlanTensor>& w, const PlanOptions& o) {
+  const ModelSums m = sum_model(c, w, o);
   std::vector<int> worlds;
   for (int n = 1; n <= o.gpus_per_node; ++n)
     if (o.gpus_per_node % n == 0) worlds.push_back(n);
@@ -313,7 +319,7 @@ std::vector<Plan> all_plans(const ModelConfig& c, const std::vector<PlanTensor>&
         if (W % (tp * kcp)) continue;
         for (int ep = 1; ep <= W; ++ep) {
           const Layout l{tp, kcp, W / (tp * kcp), ep};
-          if (check_layout(c, l, o).ok()) out.push_back(evaluate_plan(c, w, l, o));
+          if (check_layout(c, l, o).ok()) out.push_back(evaluate(c, m, l, o));
         }
       }
   return out;

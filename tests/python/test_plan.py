@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 MODELS = ["tiny-kl", "tiny-k3", "tiny-k31", "k3-tiny"]
@@ -113,6 +114,12 @@ def check_slice(k3_bin, d, dsa, timeout=120):
     assert index["metadata"]["total_size"] == files
     r = k3(k3_bin, "run", "-m", d, "-p", "It was a bright morning", "-n", 2, "--temp", 0, timeout=timeout)
     assert r.returncode == 0, r.stderr
+    # sane scales: the logits of a few tokens are finite and O(1)
+    out = d.parent / "logits.npy"
+    r = k3(k3_bin, "logits", "-m", d, "--tokens", "1,2,3,100,1000", "-o", out, timeout=timeout)
+    assert r.returncode == 0, r.stderr
+    x = np.load(out)
+    assert np.isfinite(x).all() and 0.05 < x.std() < 20, (x.std(), np.abs(x).max())
     return info.stdout
 
 
