@@ -24,7 +24,8 @@ namespace {
 #ifndef KDA_DECODE_MIN_BLOCKS  // CTAs per SM the register budget is sized for (2: no spills)
 #define KDA_DECODE_MIN_BLOCKS 2
 #endif
-constexpr int DK = 128, DV = 128, NT = 256, NW = NT / 32, ROWS = DK / NW;
+constexpr int DK = 128, DV = 128, NT = 256, NW = NT / 32;
+[[maybe_unused]] constexpr int ROWS = DK / NW;  // rows per warp (one-CTA version)
 
 __device__ inline float bf16f(uint16_t x) {
   return __uint_as_float(uint32_t(x) << 16);
@@ -38,6 +39,7 @@ __device__ inline float warp_sum(float x) {
   return x;
 }
 
+#if !KDA_DECODE_SPLIT
 __global__ void __launch_bounds__(NT, KDA_DECODE_MIN_BLOCKS) kda_decode_kernel(const KdaDecodeParams p) {
   __shared__ __align__(16) float x[3][DK];  // conv outputs q~, k~, v~ (bf16 values), then q, k normalized
   __shared__ float alpha[DK];               // exp(g)
@@ -130,6 +132,9 @@ __global__ void __launch_bounds__(NT, KDA_DECODE_MIN_BLOCKS) kda_decode_kernel(c
   }
 }
 
+#endif  // !KDA_DECODE_SPLIT
+
+#if KDA_DECODE_SPLIT
 // Split version: a cluster of two CTAs per (head, sequence), CTA rank r owning the state columns
 // 64r .. 64r+63 (the recurrence is independent per column of V). Both compute the q, k conv; each its half
 // of v. The gated norm's mean over 128 columns adds the peer's half through distributed shared memory.
@@ -242,6 +247,8 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(NT, 4)
   }
   cluster.sync();  // the peer has read ss_half before this CTA's shared memory goes away
 }
+
+#endif  // KDA_DECODE_SPLIT
 
 }  // namespace
 
