@@ -38,17 +38,25 @@ __global__ void __launch_bounds__(kCols* kSlices) kda_recurrent_kernel(KdaParams
     const int a = sl + kSlices * j;
     S[j] = (col_ok && a < K) ? Sh[int64_t(a) * V + b] : 0.f;
   }
+  // The next token's vectors are loaded into registers while this token is computed (one element of q, k,
+  // g per thread: d_k <= blockDim), so the global-load latency is not paid once per token.
+  const int tid = threadIdx.x;
+  float nq = 0.f, nk = 0.f, ng = 0.f, nv = 0.f, nbeta = 0.f;
+  auto prefetch = [&](int64_t t) {
+    if (t >= p.n_tok) return;
+    const int64_t row = t * H + h;
+    if (tid < K) nq = p.q[row * K + tid], nk = p.k[row * K + tid], ng = p.g[row * K + tid];
+    if (tid < kCols) nv = b0 + tid < V ? p.v[row * V + b0 + tid] : 0.f;
+    nbeta = p.beta[row];
+  };
+  prefetch(0);
   for (int64_t t = 0; t < p.n_tok; ++t) {
     const int64_t row = t * H + h;
     __syncthreads();  // the previous token is done with the shared vectors
-    for (int a = threadIdx.x; a < K; a += blockDim.x) {
-      q_s[a] = p.q[row * K + a];
-      k_s[a] = p.k[row * K + a];
-      eg_s[a] = expf(p.g[row * K + a]);
-    }
-    if (threadIdx.x < kCols)
-      v_s[threadIdx.x] = b0 + int(threadIdx.x) < V ? p.v[row * V + b0 + threadIdx.x] : 0.f;
-    const float beta = p.beta[row];
+    if (tid < K) q_s[tid] = nq, k_s[tid] = nk, eg_s[tid] = expf(ng);
+    if (tid < kCols) v_s[tid] = nv;
+    const float beta = nbeta;
+    prefetch(t + 1);
     __syncthreads();
     float part = 0.f;
 #pragma unroll

@@ -118,8 +118,23 @@ enum class AttnLayout { per_head, mqa_latent, sparse };
 
 class AttentionCase : public OpCase {
  public:
-  AttentionCase(AttnLayout layout, int64_t n_q, int64_t n_past, int H, int d_qk, int d_v, int64_t n_sel = 0)
-      : layout_(layout), n_q_(n_q), n_past_(n_past), H_(H), d_qk_(d_qk), d_v_(d_v), n_sel_(n_sel) {}
+  AttentionCase(AttnLayout layout, int64_t n_q, int64_t n_past, int H, int d_qk, int d_v, int64_t n_sel = 0,
+                bool perf = false)
+      : layout_(layout),
+        n_q_(n_q),
+        n_past_(n_past),
+        H_(H),
+        d_qk_(d_qk),
+        d_v_(d_v),
+        n_sel_(n_sel),
+        perf_(perf) {}
+  bool perf() const override { return perf_; }
+  // dense causal: query i sees n_past + i + 1 rows; scores and the weighted sum per (query, head, row)
+  double flops() const override {
+    const double rows = double(n_q_) * double(n_past_) + double(n_q_) * double(n_q_ + 1) / 2;
+    return 2.0 * rows * H_ * (d_qk_ + d_v_);
+  }
+  double bytes() const override { return 4.0 * double(k_.size() + v_.size() + q_.size()); }
   std::string op() const override { return "attention"; }
   std::string shape() const override {
     static const char* names[] = {"per_head", "mqa_latent", "sparse"};
@@ -193,6 +208,7 @@ class AttentionCase : public OpCase {
   int64_t n_q_, n_past_;
   int H_, d_qk_, d_v_;
   int64_t n_sel_;
+  bool perf_;
   std::vector<float> q_, k_, v_;
   std::vector<int32_t> sel_;
 };
@@ -217,6 +233,9 @@ K3_OP_CASES(model_cases) {
     }
   for (int64_t n_q : {1, 7})
     cases.push_back(std::make_unique<AttentionCase>(AttnLayout::mqa_latent, n_q, 989, 4, 576, 512));
+  // perf shapes: absorbed MLA decode over a 4k latent cache, and an unabsorbed 256-token prefill
+  cases.push_back(std::make_unique<AttentionCase>(AttnLayout::mqa_latent, 1, 4095, 16, 576, 512, 0, true));
+  cases.push_back(std::make_unique<AttentionCase>(AttnLayout::per_head, 256, 0, 8, 192, 128, 0, true));
 }
 
 }  // namespace k3::opt
