@@ -24,6 +24,7 @@ if [ "${1:-}" = "--pack" ]; then  # runs HERE: binaries + the shared libraries t
   ldd "$dst"/k3* "$dst/test-ops" | awk '/=> \//{print $3}' | sort -u |
     grep -v -E 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libcuda|libcublas|libcudart|libpthread|libdl|librt' |
     xargs -r -I{} cp -L {} "$dst/lib/"
+  git rev-parse --short HEAD > "$dst/COMMIT"
   du -sh "$dst"
   exit 0
 fi
@@ -42,6 +43,7 @@ src_dir=${K3_BUILT_AT:-/work/main}
 T=$B/k3_tests; [ -x "$T" ] || T=$B/k3_gpu_tests
 ldd "$T" | grep -E "not found|cublas|cudart" || true
 
+export K3_COMMIT=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
 details=$OUT/gpu_details.log  # every step's whole output; the summary above keeps each one's tail
 : > "$details"
 step() {  # step NAME SECONDS CMD...
@@ -72,5 +74,10 @@ done
 step run_cuda 20 "$B/k3" run -m models/tiny-k3 -p "hello world" -n 24 --temp 0 --device cuda
 step ppl_cuda 20 "$B/k3" perplexity -m models/tiny-k3 -f models/heldout.txt -c 128 --max-windows 4 --device cuda
 step ppl_cpu 20 "$B/k3" perplexity -m models/tiny-k3 -f models/heldout.txt -c 128 --max-windows 4 -t 8
-step bench_cuda 30 "$B/k3" bench -m models/tiny-k3 -p 64,512 -n 32 -b 1,8 -r 3 --bw-mb 64 --device cuda
+rm -f /tmp/gpu_bench.jsonl
+step bench_cuda 30 "$B/k3" bench -m models/tiny-k3 -p 64,512 -n 32 -b 1,8 -r 3 --bw-mb 64 --device cuda \
+  --jsonl /tmp/gpu_bench.jsonl --bench gpu_model
+step bench_cpu 30 "$B/k3" bench -m models/tiny-k3 -p 64,512 -n 32 -b 1,8 -r 3 --bw-mb 64 -t 16 \
+  --jsonl /tmp/gpu_bench.jsonl --bench gpu_model
+echo "== bench jsonl"; cat /tmp/gpu_bench.jsonl
 echo "== done $(date -u)"

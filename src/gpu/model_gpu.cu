@@ -121,8 +121,14 @@ Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens
     return attn_res_mix_gpu(c, src, q, eps, n_tok, D, out);
   };
   const bool ar = cfg_.uses_attn_res();
+  auto inject = [&](int layer) -> Status {  // set_layer_inputs: the residual stream from outside
+    const float* h = inject_ ? inject_(layer, n_tok * D) : nullptr;
+    if (h) K3_CUDA_CHECK(cudaMemcpyAsync(p.f(), h, size_t(n_tok * D) * 4, cudaMemcpyHostToDevice, c.stream()));
+    return ok_status();
+  };
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const LayerWeightsGpu& lw = W.layers[size_t(l)];
+    if (l > 0) K3_RETURN_IF_ERROR(inject(l - 1));
     // attention sub-layer
     const bool fresh = ar && l % cfg_.attn_res_block_size == 0;
     const float* ain = p.f();
@@ -171,6 +177,7 @@ Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens
     if (!guard.ok()) return guard;
     K3_RETURN_IF_ERROR(launch_status("layer loop"));
   }
+  K3_RETURN_IF_ERROR(inject(cfg_.n_layer - 1));
   const float* fin = p.f();
   if (ar) {
     K3_RETURN_IF_ERROR(mix(W.q_out_res, a.f()));

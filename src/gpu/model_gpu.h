@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -87,6 +88,14 @@ class GpuModel {
   Status forward_batch(std::span<GpuSeqState*> states, std::span<const std::span<const int32_t>> tokens,
                        std::vector<std::vector<float>>* last_logits);
 
+  // Test hook (layer-by-layer comparison): before layer l > 0, and before the final norm (l = n_layer), the
+  // residual stream is replaced by fn(l - 1, n) when it returns non-null: a host array of n = n_tok * d_model
+  // floats (e.g. the CPU's traced "l_out" of layer l - 1). In bf16 mode rounding flips compound with depth
+  // (CPU against CPU with another summation order drifts to ~1e-4 NMSE by layer 6 of tiny-k3), so blocks are
+  // compared on identical inputs. Null fn (the default): no injection.
+  using LayerInputFn = std::function<const float*(int layer, int64_t n)>;
+  void set_layer_inputs(LayerInputFn fn) { inject_ = std::move(fn); }
+
  private:
   struct Impl;
   GpuModel(const ModelConfig& cfg, const ModelOptions& opt);
@@ -95,6 +104,7 @@ class GpuModel {
   const ModelConfig& cfg_;
   ModelOptions opt_;
   int device_ = 0;
+  LayerInputFn inject_;
   std::unique_ptr<Impl> impl_;
 };
 

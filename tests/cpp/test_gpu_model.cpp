@@ -3,12 +3,15 @@
 //   fp32: GPU logits = CPU logits, NMSE <= 1e-6, one-shot prefill, chunked prefill, token-by-token decode,
 //         a batch of sequences, and a state moved GPU -> CPU mid-sequence (tiny-kl, tiny-k3, tiny-k31; the
 //         K3.1 context exceeds index_topk so the DSA selection is sparse)
-//   bf16: every named intermediate of every layer, NMSE <= 1e-4 against the CPU at the same rounding points
+//   bf16: every named intermediate of every layer, NMSE <= 1e-4 against the CPU at the same rounding points,
+//         each layer fed the CPU's input (set_layer_inputs); end to end, logits NMSE <= 5e-2
 //   k3-tiny (when present): perplexity over a few windows within 0.5% of the CPU's
 // Without a CUDA device (or a CUDA build) every GPU test skips; load() must then say why.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <random>
@@ -190,6 +193,11 @@ TEST_P(GpuModelTiny, Fp32BatchAndStateDownload) {
 
 using Trace = std::map<std::pair<std::string, int>, std::vector<float>>;
 
+// bf16 mode, layer by layer: the GPU's residual stream is replaced at every layer boundary by the CPU's
+// (GpuModel::set_layer_inputs), so each block is compared on identical inputs; then every named intermediate
+// must match, NMSE <= 1e-4. (Run end to end, bf16 rounding flips compound with depth: the CPU against itself
+// with another linear summation order already drifts to ~1e-4 by layer 6 of tiny-k3, and a flipped MoE route
+// moves a whole token.) A prefill of 23 tokens, then one decode step (absorbed MLA, recurrent KDA).
 TEST_P(GpuModelTiny, Bf16EveryIntermediateMatchesCpu) {
   SKIP_WITHOUT_GPU();
   Trace tc, tg;
@@ -203,19 +211,46 @@ TEST_P(GpuModelTiny, Bf16EveryIntermediateMatchesCpu) {
   auto cpu = Model::load(*ck, oc);
   auto gpu = gpu::GpuModel::load(*ck, og);
   ASSERT_TRUE(cpu.ok() && gpu.ok());
+  (*gpu)->set_layer_inputs([&](int layer, int64_t n) -> const float* {
+    auto it = tc.find({"l_out", layer});
+    return it != tc.end() && int64_t(it->second.size()) == n ? it->second.data() : nullptr;
+  });
+  auto sc = (*cpu)->new_state();
+  auto sg = (*gpu)->new_state();
+  ASSERT_TRUE(sg.ok());
   const auto tok = random_tokens(24, ck->config().n_vocab, 13);
-  for (int pass = 0; pass < 2; ++pass) {  // prefill, then one decode step (absorbed MLA, recurrent KDA)
+  for (int64_t t0 : {0, 23}) {
+    const int64_t n = t0 == 0 ? 23 : 1;
     tc.clear(), tg.clear();
-    run_cpu(**cpu, tok, pass == 0 ? 0 : 23);
-    run_gpu(**gpu, tok, pass == 0 ? 0 : 23);
+    std::vector<float> lc, lg;
+    ASSERT_TRUE((*cpu)->forward(*sc, tok.data() + t0, n, &lc, true).ok());
+    ASSERT_TRUE((*gpu)->forward(**sg, tok.data() + t0, n, &lg, true).ok());
     ASSERT_FALSE(tc.empty());
     EXPECT_EQ(tc.size(), tg.size());
+    double worst = 0;
     for (const auto& [key, ref] : tc) {
       auto it = tg.find(key);
       ASSERT_TRUE(it != tg.end()) << key.first << " layer " << key.second << " not traced on the GPU";
-      EXPECT_LE(nmse(it->second, ref), 1e-4) << key.first << " layer " << key.second << " pass " << pass;
+      const double e = nmse(it->second, ref);
+      worst = std::max(worst, e);
+      EXPECT_LE(e, 1e-4) << key.first << " layer " << key.second << ", call of " << n << " tokens";
     }
+    std::printf("[ %s bf16 layer by layer, %lld tokens: worst intermediate NMSE %.3g ]\n", GetParam(),
+                (long long)n, worst);
   }
+}
+
+// bf16 end to end (no injection): the logits stay near the CPU's; the bound allows the compounding above.
+TEST_P(GpuModelTiny, Bf16LogitsNearCpu) {
+  SKIP_WITHOUT_GPU();
+  ModelOptions opt;
+  opt.precision = Precision::bf16;
+  Pair p = load_pair(GetParam(), opt);
+  ASSERT_TRUE(p.cpu && p.gpu);
+  const auto tok = random_tokens(24, p.cpu->config().n_vocab, 13);
+  const double e = nmse(run_gpu(*p.gpu, tok, 0), run_cpu(*p.cpu, tok, 0));
+  std::printf("[ %s bf16 end to end: logits NMSE %.3g ]\n", GetParam(), e);
+  EXPECT_LE(e, 5e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, GpuModelTiny, ::testing::Values("tiny-kl", "tiny-k3", "tiny-k31"));
