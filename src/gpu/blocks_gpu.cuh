@@ -32,17 +32,19 @@ Status embed_gpu(const GpuCtx& c, const ModelWeightsGpu& w, int64_t d_model, con
                  int64_t n_tok, float* x0);
 
 Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeightsGpu& w, const KdaExec& ex,
-                       std::span<const KdaSeqGpu> seqs, const float* x, int64_t n_rows, float* out, int layer);
+                       std::span<const KdaSeqGpu> seqs, const float* x, int64_t n_rows, float* out,
+                       int layer);
 
 Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeightsGpu& w,
-                       std::span<const MlaSeqGpu> seqs, const float* x, int64_t n_rows, float* out, int layer);
+                       std::span<const MlaSeqGpu> seqs, const float* x, int64_t n_rows, float* out,
+                       int layer);
 
 // DSA (dsa.h): appends the index keys of the new rows to st->index_k and, when some query sees more than
 // topk positions, fills sel [n_tok, topk] (device int32, -1 padded, ascending positions) and sets *sparse.
 // cq: the q_a_layernorm output rows of this sequence; x: its attention input rows.
 Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsGpu& w, const float* cq,
-                      const float* x, int64_t n_past, int64_t n_tok, MlaStateGpu* st, DevBuf* sel, bool* sparse,
-                      int layer);
+                      const float* x, int64_t n_past, int64_t n_tok, MlaStateGpu* st, DevBuf* sel,
+                      bool* sparse, int layer);
 
 // GLU MLP: out [n_tok, d_in] = down(act(gate x, up x)).
 Status ffn_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const FfnWeights& w, const float* x,

@@ -151,7 +151,8 @@ void sigmoid_mul_inplace(const GpuCtx& c, float* z, const float* g, int64_t n) {
 void copy_rows(const GpuCtx& c, float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t n_row,
                int64_t n_col) {
   const int64_t n = n_row * n_col;
-  if (n > 0) copy_rows_kernel<<<blocks_for(n), kThreads, 0, c.stream()>>>(dst, ld_dst, src, ld_src, n_row, n_col);
+  if (n > 0)
+    copy_rows_kernel<<<blocks_for(n), kThreads, 0, c.stream()>>>(dst, ld_dst, src, ld_src, n_row, n_col);
 }
 
 void gather_rows(const GpuCtx& c, float* dst, const float* src, const int64_t* rows, int64_t n, int64_t d) {

@@ -34,14 +34,16 @@ inline unsigned blocks_for(int64_t n, int threads = kThreads) {
 }
 
 // bf16 round-to-nearest-even kept in fp32 (dtype.h round_bf16 on the device).
-__device__ inline float round_bf16_dev(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+__device__ inline float round_bf16_dev(float v) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
 
 struct GpuCtx {
   Precision prec = Precision::fp32;
   GpuContext* g = nullptr;
   const TraceFn* trace = nullptr;
-  Status* guard = nullptr;              // first non-finite traced activation (debug builds)
-  std::vector<float>* host = nullptr;   // staging buffer for cb
+  Status* guard = nullptr;             // first non-finite traced activation (debug builds)
+  std::vector<float>* host = nullptr;  // staging buffer for cb
 
   bool bf16() const { return prec == Precision::bf16; }
   cudaStream_t stream() const { return g->stream; }
@@ -66,7 +68,9 @@ class DevBuf {
   void release();
   float* f() const { return static_cast<float*>(p_); }
   template <class T>
-  T* as() const { return static_cast<T*>(p_); }
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
   int64_t size() const { return int64_t(n_ / 4); }
 
  private:
@@ -77,14 +81,14 @@ class DevBuf {
 
 // y = W x (+ the bf16 rounding point unless `round` is false). ldx/ldy: row strides (0 = dense). In bf16 mode
 // x must hold bf16-rounded values unless x_exact.
-void linear(const GpuCtx& c, const LinearWeight& W, const float* x, int64_t n_tok, float* y, bool round = true,
-            bool x_exact = false, int64_t ldx = 0, int64_t ldy = 0);
+void linear(const GpuCtx& c, const LinearWeight& W, const float* x, int64_t n_tok, float* y,
+            bool round = true, bool x_exact = false, int64_t ldx = 0, int64_t ldy = 0);
 // RMSNorm rows (ops/rms_norm.h semantics; bf16 mode has the op's two rounding points).
 void rms_norm(const GpuCtx& c, const float* x, const float* w, float eps, int64_t n_row, int64_t d, float* y,
               int64_t ldx = 0, int64_t ldy = 0);
 
 // Elementwise helpers (kernels in common_gpu.cu).
-void add_inplace(const GpuCtx& c, float* y, const float* x, int64_t n);         // y += x
+void add_inplace(const GpuCtx& c, float* y, const float* x, int64_t n);          // y += x
 void sigmoid_mul_inplace(const GpuCtx& c, float* z, const float* g, int64_t n);  // z *= sigmoid(g)
 void copy_rows(const GpuCtx& c, float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t n_row,
                int64_t n_col);  // dst[r, :n_col] = src[r, :n_col]

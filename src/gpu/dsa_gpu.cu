@@ -5,10 +5,10 @@
 //   I[t, s] = (Hi Di)^-1/2 sum_h a_{t,h} relu(q^I_{t,h} . k^I_s)     s <= t, fp32
 //   S_t = every s <= t when t (1-based) <= topk; else the topk largest I[t, s], ties -> lower s, ascending
 //
-// Selection without sorting: s is selected iff fewer than topk positions beat it (larger score, or equal score
-// at a lower position) — exactly the CPU's partial_sort order; then the selected positions are compacted in
-// ascending order with a block scan. The rank count is O(n_vis^2) per query: correct for any length, fast
-// enough for tests and short contexts; a radix select is the known next step for 128k contexts.
+// Selection without sorting: s is selected iff fewer than topk positions beat it (larger score, or equal
+// score at a lower position) — exactly the CPU's partial_sort order; then the selected positions are
+// compacted in ascending order with a block scan. The rank count is O(n_vis^2) per query: correct for any
+// length, fast enough for tests and short contexts; a radix select is the known next step for 128k contexts.
 #include <cub/block/block_scan.cuh>
 
 #include <cmath>
@@ -59,7 +59,8 @@ __global__ void index_rank_kernel(uint8_t* flag, const float* I, int64_t n_tok, 
   flag[idx] = rank < topk ? 1 : 0;
 }
 
-// One block per query: sel[i, :] = flagged positions ascending, then -1 (all visible ones when n_vis <= topk).
+// One block per query: sel[i, :] = flagged positions ascending, then -1 (all visible ones when n_vis <=
+// topk).
 constexpr int kScanThreads = 256;
 __global__ void index_compact_kernel(int32_t* sel, const uint8_t* flag, int64_t n_past, int64_t n_ctx,
                                      int64_t topk) {
@@ -89,14 +90,16 @@ __global__ void index_compact_kernel(int32_t* sel, const uint8_t* flag, int64_t 
 }
 
 // Trace "dsa_sel" [n_tok, topk] as floats (model/dsa.cpp trace_sel): sel, or every s <= n_past + i (dense).
-__global__ void sel_to_float_kernel(float* f, const int32_t* sel, int64_t n_tok, int64_t topk, int64_t n_past) {
+__global__ void sel_to_float_kernel(float* f, const int32_t* sel, int64_t n_tok, int64_t topk,
+                                    int64_t n_past) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_tok * topk) return;
   const int64_t i = idx / topk, s = idx % topk;
   f[idx] = sel ? float(sel[idx]) : (s <= n_past + i ? float(s) : -1.f);
 }
 
-Status trace_sel(const GpuCtx& c, int layer, const int32_t* sel, int64_t n_past, int64_t n_tok, int64_t topk) {
+Status trace_sel(const GpuCtx& c, int layer, const int32_t* sel, int64_t n_past, int64_t n_tok,
+                 int64_t topk) {
   if (!c.trace || !*c.trace) return ok_status();
   DevBuf f;
   K3_RETURN_IF_ERROR(f.alloc(c, n_tok * topk));
@@ -108,15 +111,16 @@ Status trace_sel(const GpuCtx& c, int layer, const int32_t* sel, int64_t n_past,
 }  // namespace
 
 Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsGpu& w, const float* cq,
-                      const float* x, int64_t n_past, int64_t n_tok, MlaStateGpu* st, DevBuf* sel, bool* sparse,
-                      int layer) {
+                      const float* x, int64_t n_past, int64_t n_tok, MlaStateGpu* st, DevBuf* sel,
+                      bool* sparse, int layer) {
   const int Hi = cfg.dsa.n_head, Di = cfg.dsa.d_head;
   const int64_t topk = cfg.dsa.topk, n_ctx = n_past + n_tok;
   *sparse = false;
   float* kI = st->index_k + n_past * Di;  // the new rows go straight into the cache (capacity reserved)
   linear(c, w.wk, x, n_tok, kI);
   LayerNormParams ln;
-  ln.n_row = n_tok, ln.d = Di, ln.x = kI, ln.y = kI, ln.gain = w.k_norm_w, ln.bias = w.k_norm_b, ln.eps = 1e-6f;
+  ln.n_row = n_tok, ln.d = Di, ln.x = kI, ln.y = kI, ln.gain = w.k_norm_w, ln.bias = w.k_norm_b,
+  ln.eps = 1e-6f;
   layer_norm_cuda(ln, *c.g);
   c.rnd(kI, n_tok * Di);
   c.cb("dsa_k", layer, kI, n_tok * Di);
@@ -134,12 +138,12 @@ Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsG
   linear(c, w.wq_b, cq, n_tok, qI.f());
   linear(c, w.weights_proj, x, n_tok, a.f());
   const float scale = 1.f / std::sqrt(float(Hi * Di));
-  index_score_kernel<<<blocks_for(n_tok * n_ctx), kThreads, 0, c.stream()>>>(I.f(), qI.f(), a.f(), st->index_k,
-                                                                            n_tok, n_past, n_ctx, Hi, Di, scale);
+  index_score_kernel<<<blocks_for(n_tok * n_ctx), kThreads, 0, c.stream()>>>(
+      I.f(), qI.f(), a.f(), st->index_k, n_tok, n_past, n_ctx, Hi, Di, scale);
   index_rank_kernel<<<blocks_for(n_tok * n_ctx), kThreads, 0, c.stream()>>>(flag.as<uint8_t>(), I.f(), n_tok,
-                                                                           n_past, n_ctx, topk);
-  index_compact_kernel<<<unsigned(n_tok), kScanThreads, 0, c.stream()>>>(sel->as<int32_t>(), flag.as<uint8_t>(),
-                                                                        n_past, n_ctx, topk);
+                                                                            n_past, n_ctx, topk);
+  index_compact_kernel<<<unsigned(n_tok), kScanThreads, 0, c.stream()>>>(
+      sel->as<int32_t>(), flag.as<uint8_t>(), n_past, n_ctx, topk);
   *sparse = true;
   K3_RETURN_IF_ERROR(trace_sel(c, layer, sel->as<int32_t>(), n_past, n_tok, topk));
   return launch_status("dsa select");

@@ -4,8 +4,8 @@
 //   q,k,v    = SiLU(causal depthwise conv_W over [conv state | new rows])   rolling window kept per sequence
 //   q^ = l2norm(q) K^-1/2, k^ = l2norm(k);  beta = sigmoid(b_proj x) (fp32)
 //   g = -exp(A_log) softplus(f_b f_a x + dt_bias) (KL)  |  lb sigmoid(exp(A_log)(f_b f_a x + dt_bias)) (K3)
-//   o = KDA(q^, k^, v, g, beta; S)                    ops/kda.h (chunkwise for prefill, recurrent for 1 token)
-//   y_h = o_h rsqrt(mean(o_h^2) + eps) w_onorm sigmoid(gate_h);  out = o_proj y
+//   o = KDA(q^, k^, v, g, beta; S)                    ops/kda.h (chunkwise for prefill, recurrent for 1
+//   token) y_h = o_h rsqrt(mean(o_h^2) + eps) w_onorm sigmoid(gate_h);  out = o_proj y
 #include <cmath>
 
 #include "gpu/blocks_gpu.cuh"
@@ -79,7 +79,8 @@ __global__ void gate_kernel(float* g, const float* dt_bias, const float* A_log, 
 }
 
 // One warp per (token, head) row of K: o <- o rsqrt(mean(o^2) + eps) w sigmoid(gate).
-__global__ void gated_norm_kernel(float* o, const float* gate, const float* w, int64_t n_row, int K, float eps) {
+__global__ void gated_norm_kernel(float* o, const float* gate, const float* w, int64_t n_row, int K,
+                                  float eps) {
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= n_row) return;
@@ -95,7 +96,8 @@ __global__ void gated_norm_kernel(float* o, const float* gate, const float* w, i
 }  // namespace
 
 Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeightsGpu& w, const KdaExec& ex,
-                       std::span<const KdaSeqGpu> seqs, const float* x, int64_t n_tok, float* out, int layer) {
+                       std::span<const KdaSeqGpu> seqs, const float* x, int64_t n_tok, float* out,
+                       int layer) {
   const int64_t H = cfg.kda.n_head, K = cfg.kda.d_head, HK = H * K;
   const int W = cfg.kda.conv_size;
   DevBuf qt, kt, vt, q, k, v, bt, fa, g, o, gate;
@@ -116,7 +118,8 @@ Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeights
     for (int j = 0; j < 3; ++j) a.x[j] = xs[j], a.y[j] = ys[j], a.state[j] = conv + j * win, a.w[j] = ws[j];
     a.n_tok = s.n_tok, a.C = HK, a.W = W, a.bf16 = c.bf16();
     short_conv_kernel<<<dim3(blocks_for(s.n_tok * HK), 3), kThreads, 0, c.stream()>>>(a);
-    conv_state_kernel<<<dim3(blocks_for(HK), 3), kThreads, 0, c.stream()>>>(a, conv, conv + win, conv + 2 * win);
+    conv_state_kernel<<<dim3(blocks_for(HK), 3), kThreads, 0, c.stream()>>>(a, conv, conv + win,
+                                                                            conv + 2 * win);
   }
   L2NormParams lq;
   lq.n_row = n_tok, lq.n_head = H, lq.d_head = K, lq.x = q.f(), lq.y = q.f(), lq.eps = 1e-6f;
@@ -136,8 +139,9 @@ Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeights
   K3_RETURN_IF_ERROR(fa.alloc(c, n_tok * w.f_a_proj.out));
   linear(c, w.f_a_proj, x, n_tok, fa.f());
   linear(c, w.f_b_proj, fa.f(), n_tok, g.f());
-  gate_kernel<<<blocks_for(n_tok * HK), kThreads, 0, c.stream()>>>(
-      g.f(), w.dt_bias, w.A_log, n_tok, int(H), int(K), cfg.kda.has_gate_lower_bound, cfg.kda.gate_lower_bound);
+  gate_kernel<<<blocks_for(n_tok * HK), kThreads, 0, c.stream()>>>(g.f(), w.dt_bias, w.A_log, n_tok, int(H),
+                                                                   int(K), cfg.kda.has_gate_lower_bound,
+                                                                   cfg.kda.gate_lower_bound);
   c.cb("kda_beta", layer, bt.f(), n_tok * H);
   c.cb("kda_g", layer, g.f(), n_tok * HK);
 
@@ -170,7 +174,7 @@ Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeights
   }
   const int64_t n_row = n_tok * H;
   gated_norm_kernel<<<blocks_for(n_row * 32), kThreads, 0, c.stream()>>>(o.f(), gate.f(), w.o_norm, n_row,
-                                                                          int(K), cfg.rms_norm_eps);
+                                                                         int(K), cfg.rms_norm_eps);
   c.rnd(o.f(), n_tok * HK);
   c.cb("kda_gated", layer, o.f(), n_tok * HK);
   linear(c, w.o_proj, o.f(), n_tok, out);

@@ -27,8 +27,8 @@ __global__ void build_k_kernel(float* K, const float* kvb, const float* latent, 
 }
 
 // qh[t, h, :] = [sum_a q_nope[t, h, a] W_UK[h, a, :] | q_r[t, h, :]]; W_UK[h, a, j] = kvb[h*wkv + a, j].
-__global__ void absorb_q_kernel(float* qh, const float* q, const float* kvb, int64_t n_tok, int nh, int dn, int dr,
-                                int R, int wkv) {
+__global__ void absorb_q_kernel(float* qh, const float* q, const float* kvb, int64_t n_tok, int nh, int dn,
+                                int dr, int R, int wkv) {
   const int dqk = dn + dr, dl = R + dr;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_tok * nh * dl) return;
@@ -62,7 +62,8 @@ __global__ void expand_z_kernel(float* z, const float* zh, const float* kvb, int
 }  // namespace
 
 Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeightsGpu& w,
-                       std::span<const MlaSeqGpu> seqs, const float* x, int64_t n_tok, float* out, int layer) {
+                       std::span<const MlaSeqGpu> seqs, const float* x, int64_t n_tok, float* out,
+                       int layer) {
   const MlaConfig& m = cfg.mla;
   const int nh = m.n_head, dqk = m.d_qk(), R = m.kv_lora_rank, dl = m.d_latent(), dn = m.d_nope,
             dr = m.d_rope, dv = m.d_v, wkv = m.d_nope + m.d_v;
@@ -101,8 +102,9 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
     DevBuf sel;
     bool sparse = false;
     if (w.has_dsa)
-      K3_RETURN_IF_ERROR(dsa_select_gpu(c, cfg, w.dsa, cq.f() + s.row0 * m.q_lora_rank, x + s.row0 * cfg.d_model,
-                                        s.n_past, s.n_tok, &st, &sel, &sparse, layer));
+      K3_RETURN_IF_ERROR(dsa_select_gpu(c, cfg, w.dsa, cq.f() + s.row0 * m.q_lora_rank,
+                                        x + s.row0 * cfg.d_model, s.n_past, s.n_tok, &st, &sel, &sparse,
+                                        layer));
     AttentionParams p;
     p.n_q = s.n_tok;
     p.n_kv = n_ctx;
@@ -116,8 +118,8 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
       K3_RETURN_IF_ERROR(kvb.alloc(c, n_ctx * nh * wkv));
       K3_RETURN_IF_ERROR(K.alloc(c, n_ctx * nh * dqk));
       linear(c, w.kv_b_proj, st.latent, n_ctx, kvb.f(), true, false, /*ldx=*/dl);  // [n_ctx, nh * wkv]
-      build_k_kernel<<<blocks_for(n_ctx * nh * dqk), kThreads, 0, c.stream()>>>(K.f(), kvb.f(), st.latent, n_ctx,
-                                                                               nh, dn, dr, R, dl, wkv);
+      build_k_kernel<<<blocks_for(n_ctx * nh * dqk), kThreads, 0, c.stream()>>>(
+          K.f(), kvb.f(), st.latent, n_ctx, nh, dn, dr, R, dl, wkv);
       p.d_qk = dqk, p.d_v = dv;
       p.q = q.f() + s.row0 * nh * dqk, p.q_tok_stride = int64_t(nh) * dqk, p.q_head_stride = dqk;
       p.k = K.f(), p.k_tok_stride = int64_t(nh) * dqk, p.k_head_stride = dqk;

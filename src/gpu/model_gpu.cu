@@ -32,8 +32,8 @@ Status check_tokens(const int32_t* tokens, int64_t n, int64_t n_vocab) {
   for (int64_t t = 0; t < n; ++t)
     if (tokens[t] < 0 || tokens[t] >= n_vocab)
       return error(Code::invalid_argument, "token id " + std::to_string(tokens[t]) + " at position " +
-                                               std::to_string(t) + " is outside [0, " + std::to_string(n_vocab) +
-                                               ")");
+                                               std::to_string(t) + " is outside [0, " +
+                                               std::to_string(n_vocab) + ")");
   return ok_status();
 }
 
@@ -57,14 +57,18 @@ GpuModel::~GpuModel() {
   if (impl_) cudaSetDevice(device_);
 }
 
-size_t GpuModel::weight_bytes() const { return impl_->w->bytes; }
+size_t GpuModel::weight_bytes() const {
+  return impl_->w->bytes;
+}
 
-Result<std::unique_ptr<GpuModel>> GpuModel::load(const Checkpoint& ckpt, const ModelOptions& opt, int device) {
+Result<std::unique_ptr<GpuModel>> GpuModel::load(const Checkpoint& ckpt, const ModelOptions& opt,
+                                                 int device) {
   if (opt.kda_chunk <= 0) return error(Code::invalid_argument, "kda_chunk must be positive");
   const int n_dev = cuda::device_count();
   if (n_dev == 0) return error(Code::unsupported, "no CUDA device");
   if (device < 0 || device >= n_dev)
-    return error(Code::invalid_argument, "CUDA device " + std::to_string(device) + " of " + std::to_string(n_dev));
+    return error(Code::invalid_argument,
+                 "CUDA device " + std::to_string(device) + " of " + std::to_string(n_dev));
   K3_CUDA_CHECK(cudaSetDevice(device));
   // Keep freed scratch in the stream-ordered pool instead of returning it to the driver at every sync.
   cudaMemPool_t pool;
@@ -84,13 +88,14 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const Checkpoint& ckpt, const M
   return Result<std::unique_ptr<GpuModel>>(std::move(m));
 }
 
-Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens, std::span<const int64_t> row0,
-                     std::span<const int64_t> out_rows, float* logits) {
+Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens,
+                     std::span<const int64_t> row0, std::span<const int64_t> out_rows, float* logits) {
   const int64_t D = cfg_.d_model, V = cfg_.n_vocab, n_seq = int64_t(states.size()), n_tok = row0.back();
   const ModelWeightsGpu& W = *impl_->w;
   K3_CUDA_CHECK(cudaSetDevice(device_));
   for (int64_t i = 0; i < n_seq; ++i)
-    K3_RETURN_IF_ERROR(states[size_t(i)]->reserve(states[size_t(i)]->n_past_ + row0[size_t(i) + 1] - row0[size_t(i)]));
+    K3_RETURN_IF_ERROR(
+        states[size_t(i)]->reserve(states[size_t(i)]->n_past_ + row0[size_t(i) + 1] - row0[size_t(i)]));
   Status guard;
   GpuCtx c;
   c.prec = opt_.precision;
@@ -123,7 +128,8 @@ Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens
   const bool ar = cfg_.uses_attn_res();
   auto inject = [&](int layer) -> Status {  // set_layer_inputs: the residual stream from outside
     const float* h = inject_ ? inject_(layer, n_tok * D) : nullptr;
-    if (h) K3_CUDA_CHECK(cudaMemcpyAsync(p.f(), h, size_t(n_tok * D) * 4, cudaMemcpyHostToDevice, c.stream()));
+    if (h)
+      K3_CUDA_CHECK(cudaMemcpyAsync(p.f(), h, size_t(n_tok * D) * 4, cudaMemcpyHostToDevice, c.stream()));
     return ok_status();
   };
   for (int l = 0; l < cfg_.n_layer; ++l) {
@@ -150,7 +156,8 @@ Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens
     else
       K3_RETURN_IF_ERROR(mla_forward_gpu(c, cfg_, lw.mla, mseq, h.f(), n_tok, o.f(), l));
     c.cb("attn_out", l, o.f(), n_tok * D);
-    if (fresh) {  // the partial sum so far becomes a finished block; the new one starts at the attention output
+    if (fresh) {  // the partial sum so far becomes a finished block; the new one starts at the attention
+                  // output
       B.push_back(std::move(p));
       p = std::move(o);
       K3_RETURN_IF_ERROR(o.alloc(c, n_tok * D));
@@ -190,7 +197,8 @@ Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens
   DevBuf rows, z;
   K3_RETURN_IF_ERROR(rows.alloc_bytes(c, size_t(n_out) * 8));
   K3_RETURN_IF_ERROR(z.alloc(c, n_out * V));
-  K3_CUDA_CHECK(cudaMemcpyAsync(rows.f(), out_rows.data(), size_t(n_out) * 8, cudaMemcpyHostToDevice, c.stream()));
+  K3_CUDA_CHECK(
+      cudaMemcpyAsync(rows.f(), out_rows.data(), size_t(n_out) * 8, cudaMemcpyHostToDevice, c.stream()));
   gather_rows(c, o.f(), fin, rows.as<int64_t>(), n_out, D);
   rms_norm(c, o.f(), W.norm, eps, n_out, D, h.f());
   c.cb("result_norm", cfg_.n_layer, h.f(), n_out * D);
@@ -219,7 +227,8 @@ Status GpuModel::forward(GpuSeqState& state, const int32_t* tokens, int64_t n_to
   return run(states, tokens, row0, out_rows, logits ? logits->data() : nullptr);
 }
 
-Status GpuModel::forward_batch(std::span<GpuSeqState*> states, std::span<const std::span<const int32_t>> tokens,
+Status GpuModel::forward_batch(std::span<GpuSeqState*> states,
+                               std::span<const std::span<const int32_t>> tokens,
                                std::vector<std::vector<float>>* last_logits) {
   if (states.size() != tokens.size())
     return error(Code::invalid_argument, "forward_batch: " + std::to_string(states.size()) + " states but " +

@@ -72,7 +72,8 @@ class GpuSeqState {
 class GpuModel {
  public:
   // Binds the checkpoint (model/weights.h, same names and checks as the CPU) and uploads it to `device`.
-  static Result<std::unique_ptr<GpuModel>> load(const Checkpoint& ckpt, const ModelOptions& opt, int device = 0);
+  static Result<std::unique_ptr<GpuModel>> load(const Checkpoint& ckpt, const ModelOptions& opt,
+                                                int device = 0);
   ~GpuModel();
 
   const ModelConfig& config() const { return cfg_; }

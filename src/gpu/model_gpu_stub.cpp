@@ -12,7 +12,9 @@ GpuModel::~GpuModel() = default;
 Result<std::unique_ptr<GpuModel>> GpuModel::load(const Checkpoint&, const ModelOptions&, int) {
   return error(Code::unsupported, "built without CUDA (configure with -DK3_CUDA=ON)");
 }
-size_t GpuModel::weight_bytes() const { return 0; }
+size_t GpuModel::weight_bytes() const {
+  return 0;
+}
 Result<std::unique_ptr<GpuSeqState>> GpuModel::new_state() {
   return error(Code::unsupported, "built without CUDA");
 }
@@ -25,10 +27,18 @@ Status GpuModel::forward_batch(std::span<GpuSeqState*>, std::span<const std::spa
 }
 
 GpuSeqState::~GpuSeqState() = default;
-Status GpuSeqState::reset() { return error(Code::unsupported, "built without CUDA"); }
-Status GpuSeqState::download(SeqState*) const { return error(Code::unsupported, "built without CUDA"); }
-Status GpuSeqState::upload(const SeqState&) { return error(Code::unsupported, "built without CUDA"); }
-int64_t GpuSeqState::bytes() const { return 0; }
+Status GpuSeqState::reset() {
+  return error(Code::unsupported, "built without CUDA");
+}
+Status GpuSeqState::download(SeqState*) const {
+  return error(Code::unsupported, "built without CUDA");
+}
+Status GpuSeqState::upload(const SeqState&) {
+  return error(Code::unsupported, "built without CUDA");
+}
+int64_t GpuSeqState::bytes() const {
+  return 0;
+}
 
 }  // namespace k3::gpu
 #endif

@@ -51,8 +51,8 @@ __global__ void scatter_rows_kernel(float* dst, const float* src, const int64_t*
 }
 
 // y[t, i] = sum_j wt[t, j] slot_out[t*k + j, i], slot order; then the bf16 rounding point.
-__global__ void combine_kernel(float* y, const float* slot_out, const float* wt, int64_t n_tok, int k, int64_t dz,
-                               bool bf16) {
+__global__ void combine_kernel(float* y, const float* slot_out, const float* wt, int64_t n_tok, int k,
+                               int64_t dz, bool bf16) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_tok * dz) return;
   const int64_t t = idx / dz, i = idx % dz;
@@ -76,8 +76,9 @@ Status moe_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MoeWeights
   SigmoidParams sp;
   sp.n_row = n_tok, sp.d = E, sp.x = s.f(), sp.y = s.f();
   sigmoid_cuda(sp, *c.g);
-  route_kernel<<<blocks_for(n_tok, 128), 128, 0, c.stream()>>>(s.f(), w.bias, n_tok, int(E), int(k), m.renormalize,
-                                                                m.routed_scaling_factor, sel.as<int32_t>(), wt.f());
+  route_kernel<<<blocks_for(n_tok, 128), 128, 0, c.stream()>>>(s.f(), w.bias, n_tok, int(E), int(k),
+                                                               m.renormalize, m.routed_scaling_factor,
+                                                               sel.as<int32_t>(), wt.f());
   c.cb("moe_weights", layer, wt.f(), n_tok * k);
 
   DevBuf z;
@@ -90,7 +91,8 @@ Status moe_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MoeWeights
   // Group (token, slot) rows by expert on the host.
   std::vector<int32_t> sel_h(size_t(n_tok * k));
   K3_RETURN_IF_ERROR(launch_status("moe routing"));
-  if (cudaMemcpyAsync(sel_h.data(), sel.f(), sel_h.size() * 4, cudaMemcpyDeviceToHost, c.stream()) != cudaSuccess ||
+  if (cudaMemcpyAsync(sel_h.data(), sel.f(), sel_h.size() * 4, cudaMemcpyDeviceToHost, c.stream()) !=
+          cudaSuccess ||
       cudaStreamSynchronize(c.stream()) != cudaSuccess)
     return launch_status("moe routing copy");
   std::vector<int64_t> count(size_t(E) + 1, 0), order(sel_h.size()), tok_of(sel_h.size());
@@ -113,12 +115,14 @@ Status moe_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MoeWeights
   gather_rows(c, xe.f(), zin, tok_d.as<int64_t>(), n_rows, dz);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = count[size_t(e)], n = count[size_t(e) + 1] - r0;
-    if (n > 0) K3_RETURN_IF_ERROR(ffn_forward_gpu(c, cfg, w.experts[size_t(e)], xe.f() + r0 * dz, n, ye.f() + r0 * dz));
+    if (n > 0)
+      K3_RETURN_IF_ERROR(
+          ffn_forward_gpu(c, cfg, w.experts[size_t(e)], xe.f() + r0 * dz, n, ye.f() + r0 * dz));
   }
   scatter_rows_kernel<<<blocks_for(n_rows * dz), kThreads, 0, c.stream()>>>(slot_out.f(), ye.f(),
                                                                             rows_d.as<int64_t>(), n_rows, dz);
-  combine_kernel<<<blocks_for(n_tok * dz), kThreads, 0, c.stream()>>>(y.f(), slot_out.f(), wt.f(), n_tok, int(k),
-                                                                      dz, c.bf16());
+  combine_kernel<<<blocks_for(n_tok * dz), kThreads, 0, c.stream()>>>(y.f(), slot_out.f(), wt.f(), n_tok,
+                                                                      int(k), dz, c.bf16());
   DevBuf routed;
   const float* routed_p = y.f();
   if (m.d_latent > 0) {

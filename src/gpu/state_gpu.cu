@@ -14,7 +14,9 @@ namespace k3::gpu {
 
 namespace {
 
-int64_t kda_s_floats(const ModelConfig& c) { return int64_t(c.kda.n_head) * c.kda.d_head * c.kda.d_head; }
+int64_t kda_s_floats(const ModelConfig& c) {
+  return int64_t(c.kda.n_head) * c.kda.d_head * c.kda.d_head;
+}
 int64_t kda_conv_floats(const ModelConfig& c) {
   return 3 * int64_t(c.kda.conv_size - 1) * c.kda.n_head * c.kda.d_head;
 }
@@ -60,7 +62,8 @@ Status GpuSeqState::reset() {
   n_past_ = 0;
   const int64_t n_kda = n_kda_layers(*cfg_);
   if (kda_block_)
-    K3_CUDA_CHECK(cudaMemset(kda_block_, 0, size_t((kda_s_floats(*cfg_) + kda_conv_floats(*cfg_)) * n_kda) * 4));
+    K3_CUDA_CHECK(
+        cudaMemset(kda_block_, 0, size_t((kda_s_floats(*cfg_) + kda_conv_floats(*cfg_)) * n_kda) * 4));
   K3_CUDA_CHECK(cudaDeviceSynchronize());
   return ok_status();
 }
@@ -73,12 +76,15 @@ Status GpuSeqState::reserve(int64_t n) {
     if (m.cap >= n) continue;
     const int64_t cap = std::max({n, 2 * m.cap, int64_t(64)}), di = index_width(*cfg_, l);
     float *lat = nullptr, *idx = nullptr;
-    K3_CUDA_CHECK(cudaDeviceSynchronize());  // the old rows are final (the model's stream is idle between calls)
+    K3_CUDA_CHECK(
+        cudaDeviceSynchronize());  // the old rows are final (the model's stream is idle between calls)
     K3_CUDA_CHECK(cudaMalloc(&lat, size_t(cap * dl) * 4));
-    if (n_past_ > 0) K3_CUDA_CHECK(cudaMemcpy(lat, m.latent, size_t(n_past_ * dl) * 4, cudaMemcpyDeviceToDevice));
+    if (n_past_ > 0)
+      K3_CUDA_CHECK(cudaMemcpy(lat, m.latent, size_t(n_past_ * dl) * 4, cudaMemcpyDeviceToDevice));
     if (di > 0) {
       K3_CUDA_CHECK(cudaMalloc(&idx, size_t(cap * di) * 4));
-      if (n_past_ > 0) K3_CUDA_CHECK(cudaMemcpy(idx, m.index_k, size_t(n_past_ * di) * 4, cudaMemcpyDeviceToDevice));
+      if (n_past_ > 0)
+        K3_CUDA_CHECK(cudaMemcpy(idx, m.index_k, size_t(n_past_ * di) * 4, cudaMemcpyDeviceToDevice));
     }
     cudaFree(m.latent);
     cudaFree(m.index_k);
@@ -104,7 +110,8 @@ Status GpuSeqState::download(SeqState* host) const {
       k.S.resize(size_t(kda_s_floats(*cfg_)));
       k.conv.resize(size_t(kda_conv_floats(*cfg_)));
       K3_CUDA_CHECK(cudaMemcpy(k.S.data(), kda[size_t(l)].S, k.S.size() * 4, cudaMemcpyDeviceToHost));
-      K3_CUDA_CHECK(cudaMemcpy(k.conv.data(), kda[size_t(l)].conv, k.conv.size() * 4, cudaMemcpyDeviceToHost));
+      K3_CUDA_CHECK(
+          cudaMemcpy(k.conv.data(), kda[size_t(l)].conv, k.conv.size() * 4, cudaMemcpyDeviceToHost));
       continue;
     }
     MlaState& m = host->mla[size_t(l)];
@@ -112,9 +119,11 @@ Status GpuSeqState::download(SeqState* host) const {
     m.latent.resize(size_t(n_past_ * dl));
     m.index_k.resize(size_t(n_past_ * di));
     if (n_past_ == 0) continue;
-    K3_CUDA_CHECK(cudaMemcpy(m.latent.data(), mla[size_t(l)].latent, m.latent.size() * 4, cudaMemcpyDeviceToHost));
+    K3_CUDA_CHECK(
+        cudaMemcpy(m.latent.data(), mla[size_t(l)].latent, m.latent.size() * 4, cudaMemcpyDeviceToHost));
     if (di > 0)
-      K3_CUDA_CHECK(cudaMemcpy(m.index_k.data(), mla[size_t(l)].index_k, m.index_k.size() * 4, cudaMemcpyDeviceToHost));
+      K3_CUDA_CHECK(
+          cudaMemcpy(m.index_k.data(), mla[size_t(l)].index_k, m.index_k.size() * 4, cudaMemcpyDeviceToHost));
   }
   host->set_n_past(n_past_);
   return ok_status();
@@ -128,19 +137,24 @@ Status GpuSeqState::upload(const SeqState& host) {
     if (cfg_->layer_attn[size_t(l)] == AttnKind::kda) {
       const KdaState& k = host.kda[size_t(l)];
       if (int64_t(k.S.size()) != kda_s_floats(*cfg_) || int64_t(k.conv.size()) != kda_conv_floats(*cfg_))
-        return error(Code::invalid_argument, "upload: KDA state of layer " + std::to_string(l) + " has the wrong size");
+        return error(Code::invalid_argument,
+                     "upload: KDA state of layer " + std::to_string(l) + " has the wrong size");
       K3_CUDA_CHECK(cudaMemcpy(kda[size_t(l)].S, k.S.data(), k.S.size() * 4, cudaMemcpyHostToDevice));
-      K3_CUDA_CHECK(cudaMemcpy(kda[size_t(l)].conv, k.conv.data(), k.conv.size() * 4, cudaMemcpyHostToDevice));
+      K3_CUDA_CHECK(
+          cudaMemcpy(kda[size_t(l)].conv, k.conv.data(), k.conv.size() * 4, cudaMemcpyHostToDevice));
       continue;
     }
     const MlaState& m = host.mla[size_t(l)];
     const int64_t di = index_width(*cfg_, l);
     if (int64_t(m.latent.size()) != n * dl || int64_t(m.index_k.size()) != n * di)
-      return error(Code::invalid_argument, "upload: MLA cache of layer " + std::to_string(l) + " has the wrong size");
+      return error(Code::invalid_argument,
+                   "upload: MLA cache of layer " + std::to_string(l) + " has the wrong size");
     if (n == 0) continue;
-    K3_CUDA_CHECK(cudaMemcpy(mla[size_t(l)].latent, m.latent.data(), m.latent.size() * 4, cudaMemcpyHostToDevice));
+    K3_CUDA_CHECK(
+        cudaMemcpy(mla[size_t(l)].latent, m.latent.data(), m.latent.size() * 4, cudaMemcpyHostToDevice));
     if (di > 0)
-      K3_CUDA_CHECK(cudaMemcpy(mla[size_t(l)].index_k, m.index_k.data(), m.index_k.size() * 4, cudaMemcpyHostToDevice));
+      K3_CUDA_CHECK(
+          cudaMemcpy(mla[size_t(l)].index_k, m.index_k.data(), m.index_k.size() * 4, cudaMemcpyHostToDevice));
   }
   n_past_ = n;
   return ok_status();

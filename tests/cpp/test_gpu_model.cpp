@@ -30,7 +30,9 @@ namespace {
 #define SKIP_WITHOUT_GPU() \
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (or built without CUDA)"
 
-std::string model_dir(const std::string& name) { return std::string(K3_SOURCE_DIR) + "/models/" + name; }
+std::string model_dir(const std::string& name) {
+  return std::string(K3_SOURCE_DIR) + "/models/" + name;
+}
 
 std::unique_ptr<Checkpoint> open_model(const std::string& name) {
   auto r = Checkpoint::open(model_dir(name));
@@ -80,7 +82,7 @@ std::vector<float> run_cpu(Model& m, const std::vector<int32_t>& tok, int64_t st
   auto st = m.new_state();
   const int64_t T = int64_t(tok.size());
   std::vector<float> all, part;
-  for (int64_t t0 = 0; t0 < T; t0 += step > 0 ? step : T) {
+  for (int64_t t0 = 0; t0<T; t0 += step> 0 ? step : T) {
     const int64_t n = std::min(step > 0 ? step : T, T - t0);
     Status s = m.forward(*st, tok.data() + t0, n, &part, true);
     EXPECT_TRUE(s.ok()) << s.message();
@@ -95,7 +97,7 @@ std::vector<float> run_gpu(gpu::GpuModel& m, const std::vector<int32_t>& tok, in
   if (!st.ok()) return {};
   const int64_t T = int64_t(tok.size());
   std::vector<float> all, part;
-  for (int64_t t0 = 0; t0 < T; t0 += step > 0 ? step : T) {
+  for (int64_t t0 = 0; t0<T; t0 += step> 0 ? step : T) {
     const int64_t n = std::min(step > 0 ? step : T, T - t0);
     Status s = m.forward(**st, tok.data() + t0, n, &part, true);
     EXPECT_TRUE(s.ok()) << s.message();
@@ -114,7 +116,9 @@ TEST(GpuModel, LoadSaysWhyWithoutDevice) {
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.status().code(), Code::unsupported);
   const std::string& m = g.status().message();
-  EXPECT_TRUE(m.find("built without CUDA") != std::string::npos || m.find("no CUDA device") != std::string::npos) << m;
+  EXPECT_TRUE(m.find("built without CUDA") != std::string::npos ||
+              m.find("no CUDA device") != std::string::npos)
+      << m;
 }
 
 TEST_P(GpuModelTiny, Fp32PrefillChunkedDecodeEqualCpu) {
@@ -146,7 +150,8 @@ TEST_P(GpuModelTiny, Fp32BatchAndStateDownload) {
   ASSERT_TRUE(p.cpu && p.gpu);
   const int32_t V = p.cpu->config().n_vocab;
   // A batch of three sequences of different lengths (one decoding after a prefill) = each on the CPU alone.
-  std::vector<std::vector<int32_t>> toks = {random_tokens(13, V, 1), random_tokens(1, V, 2), random_tokens(20, V, 3)};
+  std::vector<std::vector<int32_t>> toks = {random_tokens(13, V, 1), random_tokens(1, V, 2),
+                                            random_tokens(20, V, 3)};
   std::vector<std::unique_ptr<gpu::GpuSeqState>> gs;
   std::vector<gpu::GpuSeqState*> ptrs;
   for (int i = 0; i < 3; ++i) {
