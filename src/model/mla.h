@@ -39,6 +39,11 @@ struct MlaWeights {
 struct MlaState {
   std::vector<float> latent;   // [n_past, d_latent]: [c (kv_lora_rank, post-norm) | r (d_rope)]
   std::vector<float> index_k;  // [n_past, dsa d_head] (DSA layers)
+  // Unabsorbed-path cache, derived from `latent` (mla.cpp): kv_exp rows are [k_nope_h | r | v_h] per head
+  // expanded from the latent rows copied in kv_src; a multi-token call expands only the rows past the
+  // first one where kv_src and latent differ. Freed when the sequence takes the absorbed path (decode).
+  std::vector<float> kv_exp;  // [n_exp, n_head, d_qk + d_v]
+  std::vector<float> kv_src;  // [n_exp, d_latent]
 };
 
 // One sequence of a batch: rows [row0, row0 + n_tok) of x / out at positions n_past.., appended to *st.
