@@ -4,10 +4,13 @@
 //   y[t, o] = sum_i x[t, i] * W[o, i]      fp32 accumulation, per 32-column chunk:
 //   partial = sum_{i in chunk} x[t, i] * w[o, i];  acc += partial (MXFP4: acc += partial * 2^(e-127))
 //
-// Threads split the output rows in whole row tiles; tokens are blocked (linear_kernels.h). The bf16 path
+// Threads take chunks of whole row tiles from a shared counter (dynamic: a descheduled thread does not hold
+// up the call); tokens are blocked (linear_kernels.h). Which thread computes a row changes no value. The bf16 path
 // (bf16 weights, Precision::bf16 input, a CPU with AVX512_BF16) first copies x to bf16 in a thread-local
 // scratch buffer that only grows (no allocation per call once warm). Subnormal fp32/bf16 weights are
 // exact but slow on the fp32 path (FMA assists); checkpoints have almost none.
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -144,6 +147,10 @@ void decode_row_portable(const LinearWeight& W, int64_t row, int64_t col0, int64
 
 using namespace linear_detail;
 
+namespace {
+constexpr int64_t kChunkTiles = 64;  // row tiles per chunk of the dynamic split, at most
+}  // namespace
+
 void linear_cpu(const LinearWeight& W, const LinearParams& p, ThreadPool* pool) {
   K3_ASSERT(!W.is_mxfp4() || W.in % 32 == 0);
 #ifndef NDEBUG
@@ -180,14 +187,26 @@ void linear_cpu(const LinearWeight& W, const LinearParams& p, ThreadPool* pool) 
     });
     rows = rows_avx512_bf16;
   }
+  // Dynamic split: each thread takes chunks of row tiles from a shared counter until none are left, so a
+  // thread the OS holds back (a shared machine, a slower core) leaves its rows to the others instead of
+  // holding up the call. About 8 chunks per thread, at most kChunkTiles tiles (256 rows) each.
+  const int64_t n_tiles = (W.out + kRowTile - 1) / kRowTile;
+  const int64_t n_thr = pool ? pool->size() : 1;
+  std::atomic<int64_t> next{0};
   struct Split {
     const Job* j;
     void (*rows)(const Job&, int64_t, int64_t);
-  } split{&j, rows};
+    int64_t n_tiles, chunk;
+    std::atomic<int64_t>* next;
+  } split{&j, rows, n_tiles, std::clamp<int64_t>(n_tiles / (8 * n_thr), 1, kChunkTiles), &next};
   const Split* sp = &split;
-  const int64_t n_tiles = (W.out + kRowTile - 1) / kRowTile;
-  parallel_for(pool, n_tiles, [sp](int64_t b, int64_t e) {
-    sp->rows(*sp->j, b * kRowTile, std::min(sp->j->W->out, e * kRowTile));
+  parallel_for(n_tiles > 1 ? pool : nullptr, std::min(n_thr, n_tiles), [sp](int64_t, int64_t) {
+    for (;;) {
+      const int64_t b = sp->next->fetch_add(sp->chunk, std::memory_order_relaxed);
+      if (b >= sp->n_tiles) break;
+      const int64_t e = std::min(sp->n_tiles, b + sp->chunk);
+      sp->rows(*sp->j, b * kRowTile, std::min(sp->j->W->out, e * kRowTile));
+    }
   });
 }
 

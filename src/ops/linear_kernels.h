@@ -1,9 +1,10 @@
 // linear_kernels.h: internal to linear_cpu*.cpp. The work split shared by every ISA's kernels.
 //
-// A thread owns a contiguous range of output rows [r0, r1). It walks tokens in blocks of kTokBlock
-// (the x block stays in L2), and inside a block it walks row tiles of RB (4, or 1 for the tail) and
-// token tiles of TB (1..4): one RB x TB micro-kernel reads each weight element once per TB tokens and
-// each x element once per RB rows. For n_tok = 1 this is a GEMV that streams every weight row once.
+// A thread computes a chunk of output rows [r0, r1) at a time (linear_cpu hands the chunks out). It walks
+// tokens in blocks of kTokBlock (the x block stays in L2), and inside a block it walks row tiles of RB (4,
+// or 1 for the tail) and token tiles of TB (1..4): one RB x TB micro-kernel reads each weight element once
+// per TB tokens and each x element once per RB rows. For n_tok = 1 this is a GEMV that streams every weight
+// row once.
 #pragma once
 
 #include <algorithm>
