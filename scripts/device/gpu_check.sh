@@ -77,7 +77,23 @@ step ppl_cpu 20 "$B/k3" perplexity -m models/tiny-k3 -f models/heldout.txt -c 12
 rm -f /tmp/gpu_bench.jsonl
 step bench_cuda 30 "$B/k3" bench -m models/tiny-k3 -p 64,512 -n 32 -b 1,8 -r 3 --bw-mb 64 --device cuda \
   --jsonl /tmp/gpu_bench.jsonl --bench gpu_model
-step bench_cpu 30 "$B/k3" bench -m models/tiny-k3 -p 64,512 -n 32 -b 1,8 -r 3 --bw-mb 64 -t 16 \
-  --jsonl /tmp/gpu_bench.jsonl --bench gpu_model
+# Published widths, 4 layers, 16 experts (scripts/make_width_checkpoints.py, KL-48B: D 2304, 32 KDA heads of
+# 128, MLA, vocab 163840; 2.6 GB of bf16): GPU = CPU logits at real head sizes, then GPU speed.
+if python3 -c "import ml_dtypes" 2>/dev/null; then
+  step gen_kl48 60 python3 scripts/make_width_checkpoints.py --family kl --out /tmp/kl48-w4
+  if [ -f /tmp/kl48-w4/config.json ]; then
+    for d in cpu cuda; do
+      timeout 40 "$B/k3" logits -m /tmp/kl48-w4 --tokens 5,17,99,3,250,7,8,9,10,11,12,13,14,15,16,1 \
+        -o "/tmp/kl48-$d.npy" --device $d -t 16 || echo "logits kl48 $d failed"
+    done
+    python3 - /tmp/kl48-cpu.npy /tmp/kl48-cuda.npy <<'EOF' || echo "compare kl48 failed"
+import sys, numpy as np
+a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
+print(f"kl48-w4 fp32: cpu vs cuda logits NMSE {float(((a - b) ** 2).sum() / (a ** 2).sum()):.3e}")
+EOF
+    step bench_kl48_cuda 40 "$B/k3" bench -m /tmp/kl48-w4 -p 512 -n 16 -b 1,8 -r 2 --bw-mb 64 --precision bf16 \
+      --device cuda --jsonl /tmp/gpu_bench.jsonl --bench gpu_model
+  fi
+fi
 echo "== bench jsonl"; cat /tmp/gpu_bench.jsonl
 echo "== done $(date -u)"
