@@ -12,6 +12,8 @@
 //   + B x (one embedding row + the sequence state: KDA S and conv windows, MLA latent / DSA index cache,
 //          SeqState::bytes() averaged over the run)
 // fraction of bandwidth = bytes/step x steps / t / read bandwidth (core/bandwidth.h, same thread count).
+// cpu % = process CPU time / (t x threads) over the same runs: well under 100% means the threads waited for
+// a core (a shared machine) or for each other, and the wall-clock numbers say more about the machine.
 // The median of REPS runs is reported. --jsonl appends one JSON object per result: bench, commit (--commit
 // or $K3_COMMIT), machine ($K3_MACHINE or host + CPU), metric, value, unit, peer, peer_value, ratio, goal,
 // met.
@@ -21,6 +23,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -48,6 +51,12 @@ struct BenchArgs {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double cpu_s() {  // CPU time of the whole process, every thread
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
 double median(std::vector<double> v) {
@@ -101,7 +110,7 @@ std::string machine_name() {
 struct Row {
   std::string test;
   int batch = 1;
-  double tok_s = 0, ms_step = 0, bytes_step = 0, gb_s = 0, frac = -1;
+  double tok_s = 0, ms_step = 0, bytes_step = 0, gb_s = 0, frac = -1, cpu = 0;
 };
 
 Status run(const BenchArgs& a) {
@@ -136,18 +145,20 @@ Status run(const BenchArgs& a) {
     std::vector<int32_t> ids(static_cast<size_t>(p));
     for (auto& id : ids) id = any_id(rng);
     std::vector<double> t;
+    double wall = 0, cpu = 0;
     for (int r = 0; r < a.reps; ++r) {
       K3_ASSIGN_OR_RETURN(auto s, new_sequence(l));
-      const double t0 = now_s();
+      const double t0 = now_s(), c0 = cpu_s();
       K3_RETURN_IF_ERROR(s->forward(ids.data(), p, &logits, false));
       t.push_back(now_s() - t0);
+      wall += t.back(), cpu += cpu_s() - c0;
     }
     const double tm = median(t);
-    rows.push_back({"pp" + std::to_string(p), 1, p / tm, tm * 1e3, 0, 0, -1});
+    rows.push_back({"pp" + std::to_string(p), 1, p / tm, tm * 1e3, 0, 0, -1, cpu / (wall * threads)});
   }
   for (int b : a.batches) {
     std::vector<double> t;
-    double state_bytes = 0;
+    double state_bytes = 0, wall = 0, cpu = 0;
     for (int r = 0; r < a.reps; ++r) {
       std::vector<std::unique_ptr<Sequence>> states;
       std::vector<Sequence*> ptrs;
@@ -160,7 +171,7 @@ Status run(const BenchArgs& a) {
       for (int i = 0; i < b; ++i) spans.emplace_back(&ids[size_t(i)], 1);
       std::vector<std::vector<float>> last;
       const double before = double(states[0]->bytes());
-      const double t0 = now_s();
+      const double t0 = now_s(), c0 = cpu_s();
       for (int step = 0; step < a.n_decode; ++step) {
         for (auto& id : ids) id = any_id(rng);
         if (b == 1)
@@ -169,6 +180,7 @@ Status run(const BenchArgs& a) {
           K3_RETURN_IF_ERROR(forward_batch(l, ptrs, spans, &last));
       }
       t.push_back(now_s() - t0);
+      wall += t.back(), cpu += cpu_s() - c0;
       state_bytes = 0.5 * (before + double(states[0]->bytes()));
     }
     const double tm = median(t);
@@ -176,7 +188,7 @@ Status run(const BenchArgs& a) {
                          b * (double(wb.embed_row) + state_bytes);
     const double gbs = bytes * a.n_decode / tm / 1e9;
     rows.push_back({"tg" + std::to_string(a.n_decode), b, double(b) * a.n_decode / tm, tm * 1e3 / a.n_decode,
-                    bytes, gbs, gbs * 1e9 / bw.bytes_per_s});
+                    bytes, gbs, gbs * 1e9 / bw.bytes_per_s, cpu / (wall * threads)});
   }
 
   std::printf("k3 bench: %s (%s), precision %s, %d threads%s\n", a.model.dir.c_str(), family_name(c.family),
@@ -184,16 +196,16 @@ Status run(const BenchArgs& a) {
               l.gpu ? ", device cuda (% of bw: against the host's read bandwidth, not the GPU's)" : "");
   std::printf("read bandwidth: %.2f GB/s (median %.2f; %lld MiB buffer, %d passes)\n", bw.bytes_per_s / 1e9,
               bw.median_bytes_per_s / 1e9, (long long)(bw.buffer_bytes >> 20), bw.n_passes);
-  std::printf("| %-8s | %5s | %12s | %10s | %12s | %8s | %8s |\n", "test", "batch", "tokens/s", "ms/step",
-              "bytes/step", "GB/s", "% of bw");
-  std::printf("|----------|-------|--------------|------------|--------------|----------|----------|\n");
+  std::printf("| %-8s | %5s | %12s | %10s | %12s | %8s | %8s | %6s |\n", "test", "batch", "tokens/s",
+              "ms/step", "bytes/step", "GB/s", "% of bw", "cpu %");
+  std::printf("|----------|-------|--------------|------------|--------------|----------|----------|--------|\n");
   for (const Row& r : rows) {
     if (r.frac < 0)
-      std::printf("| %-8s | %5d | %12.2f | %10.3f | %12s | %8s | %8s |\n", r.test.c_str(), r.batch, r.tok_s,
-                  r.ms_step, "-", "-", "-");
+      std::printf("| %-8s | %5d | %12.2f | %10.3f | %12s | %8s | %8s | %5.1f%% |\n", r.test.c_str(), r.batch,
+                  r.tok_s, r.ms_step, "-", "-", "-", 100 * r.cpu);
     else
-      std::printf("| %-8s | %5d | %12.2f | %10.3f | %12.0f | %8.3f | %7.2f%% |\n", r.test.c_str(), r.batch,
-                  r.tok_s, r.ms_step, r.bytes_step, r.gb_s, 100 * r.frac);
+      std::printf("| %-8s | %5d | %12.2f | %10.3f | %12.0f | %8.3f | %7.2f%% | %5.1f%% |\n", r.test.c_str(),
+                  r.batch, r.tok_s, r.ms_step, r.bytes_step, r.gb_s, 100 * r.frac, 100 * r.cpu);
   }
 
   if (!a.jsonl.empty()) {
@@ -227,6 +239,11 @@ Status run(const BenchArgs& a) {
         j["met"] = r.frac >= a.goal;
       }
       out << j.dump() << "\n";
+      out << line((r.frac < 0 ? "cpu utilization prefill " : "cpu utilization decode ") + r.test + " b" +
+                      std::to_string(r.batch) + cfg,
+                  r.cpu, "fraction of threads x wall time")
+                 .dump()
+          << "\n";
     }
   }
   return ok_status();
