@@ -14,9 +14,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -118,7 +118,9 @@ Status run(const Args& a) {
   if (!a.trace_out.empty()) {
     if (a.device != "cpu") return error(Code::invalid_argument, "--trace-out: CPU only (--device cpu)");
     sink.names.insert(a.dump.begin(), a.dump.end());
-    opt.trace = [&sink](const char* name, int layer, const float* x, int64_t n) { sink.add(name, layer, x, n); };
+    opt.trace = [&sink](const char* name, int layer, const float* x, int64_t n) {
+      sink.add(name, layer, x, n);
+    };
   } else if (!a.dump.empty()) {
     return error(Code::invalid_argument, "--dump needs --trace-out DIR");
   }
@@ -178,7 +180,8 @@ void add_logits(CLI::App& app) {
   cmd->add_option("--mla", args->mla, "force the MLA path: absorbed | unabsorbed");
   cmd->add_option("-t,--threads", args->threads, "threads (default: all cores)");
   cmd->add_option("--device", args->device, "cpu | cuda (default cpu)");
-  cmd->add_option("--trace-out", args->trace_out, "write named intermediates as DIR/<name>-L<layer>.npy (CPU)");
+  cmd->add_option("--trace-out", args->trace_out,
+                  "write named intermediates as DIR/<name>-L<layer>.npy (CPU)");
   cmd->add_option("--dump", args->dump, "with --trace-out: only this name (repeatable), e.g. dsa_sel");
   cmd->callback([args] {
     Status s = run(*args);
