@@ -16,7 +16,7 @@ if [ "${1:-}" = "--pack" ]; then  # runs HERE
   build=${2:?build dir}
   dst=.carry/dist
   rm -rf "$dst" && mkdir -p "$dst/lib"
-  cp "$build/k3_tests" "$dst/" && strip -s "$dst/k3_tests"
+  cp "$build/tests/k3_tests" "$dst/" 2>/dev/null || cp "$build/k3_tests" "$dst/" && strip -s "$dst/k3_tests"
   ldd "$dst/k3_tests" | awk '/=> \//{print $3}' | sort -u |
     grep -v -E 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libcuda|libcublas|libcudart|libnccl|libpthread|libdl|librt' |
     xargs -r -I{} cp -L {} "$dst/lib/"
