@@ -8,6 +8,7 @@
 // 3. timing: batch 64 x 32K and batch 1 x 32K / 128K (96 heads, P = 64, pages shuffled): mean of 20 calls
 //    after 3 warm-ups (CUDA events); GB/s on cache bytes (n_seq * ctx * 576 * 2) and the ratio to the copy.
 //    Small caches rotate over several layer pools (>= 256 MiB in all) so L2 (50 MiB) does not hold them.
+// K3_MLA_MMA2=1 runs the experimental mla_split_mma2 as "mma2" (and skips the simple kernel).
 // Every metric is printed and appended as a JSON line (bench, commit, machine, metric, value, unit, peer,
 // peer_value, ratio, goal, met). Build: bash bench/mla_cuda/build.sh.
 #include <cuda_runtime.h>
@@ -220,12 +221,15 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&g.workspace, g.workspace_bytes));
   const double copy = copy_bandwidth(g);
 
+  // K3_MLA_MMA2=1: mla_decode_cuda runs the experimental mla_split_mma2 (named "mma2"; simple not rerun)
+  const bool v2 = std::getenv("K3_MLA_MMA2") && std::getenv("K3_MLA_MMA2")[0] == '1';
+  std::vector<std::pair<Kernel, const char*>> kernels = {{mla_decode_cuda, v2 ? "mma2" : "mma"}};
+  if (!v2) kernels.push_back({mla_decode_cuda_simple, "simple"});
   {  // correctness, every (seq, head)
     Setup s = make({1, 17, 989, 4097}, 96, 64, 0, 1);
     std::vector<int> heads(96);
     std::iota(heads.begin(), heads.end(), 0);
-    check(s, mla_decode_cuda, g, "mma", {0, 1, 2, 3}, heads);
-    check(s, mla_decode_cuda_simple, g, "simple", {0, 1, 2, 3}, heads);
+    for (auto [k, name] : kernels) check(s, k, g, name, {0, 1, 2, 3}, heads);
     destroy(s);
   }
   struct Shape {
@@ -237,8 +241,7 @@ int main(int argc, char** argv) {
                    Shape{1, 131072, "b1_ctx128k", false}}) {
     Setup s = make(std::vector<int32_t>(size_t(sh.n_seq), sh.ctx), 96, 64, size_t(256) << 20, 7 + sh.n_seq);
     const double bytes = double(sh.n_seq) * sh.ctx * kMlaRow * 2;
-    for (auto [k, name] : {std::pair<Kernel, const char*>{mla_decode_cuda, "mma"},
-                           std::pair<Kernel, const char*>{mla_decode_cuda_simple, "simple"}}) {
+    for (auto [k, name] : kernels) {
       check(s, k, g, name, {0, sh.n_seq - 1}, {0, 47, 95});
       const double us = time_us(s, k, g);
       const std::string tag = std::string(sh.tag) + "_" + name;

@@ -31,10 +31,15 @@ t0=$SECONDS
 {
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
   echo "== test-ops (t=$((SECONDS - t0)) s)"
-  timeout 40 "$B/test-ops" test -o mla_decode -b cuda -v 2>&1 | tail -30
-  timeout 20 "$B/test-ops" test -o mla_decode_simple -b cuda 2>&1 | tail -5
+  timeout 25 "$B/test-ops" test -o mla_decode -b cuda -v 2>&1 | tail -30
+  timeout 15 "$B/test-ops" test -o mla_decode_simple -b cuda 2>&1 | tail -5
+  echo "== test-ops mma2 (t=$((SECONDS - t0)) s)"
+  K3_MLA_MMA2=1 timeout 15 "$B/test-ops" test -o mla_decode -b cuda 2>&1 | tail -12
+  commit=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
   echo "== bench (t=$((SECONDS - t0)) s)"
-  timeout 60 "$B/bench_mla_decode" "$out/mla_cuda.jsonl" "$(cat "$B/COMMIT" 2>/dev/null || echo unknown)" 2>&1
+  timeout 40 "$B/bench_mla_decode" "$out/mla_cuda.jsonl" "$commit" 2>&1
+  echo "rc=$? == bench mma2 (t=$((SECONDS - t0)) s)"
+  K3_MLA_MMA2=1 timeout 25 "$B/bench_mla_decode" "$out/mla_cuda.jsonl" "$commit" 2>&1
   echo "rc=$? == done (t=$((SECONDS - t0)) s)"
 } >"$out/run.log" 2>&1
 tail -c 3000 "$out/run.log"

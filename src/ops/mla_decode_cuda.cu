@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "ops/cuda_util.cuh"
 #include "ops/mla_decode.h"
@@ -233,6 +234,163 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   }
 }
 
+// mla_split_mma2 (experimental; the environment variable K3_MLA_MMA2=1 picks it in mla_decode_cuda): less shared-memory traffic.
+//   Q stays in registers: warp w holds head tile w/4's A fragments for the k-steps 9 (w%4) .. +9 and
+//   computes a partial S over all 64 tokens (8 n-tiles, 4 B loads per 8 mma); the 4 partials are summed
+//   in shared memory (the q_s region, free after the fragments are loaded).
+//   O: warp w -> dims 64 w .. +64 for both head tiles (the V fragments serve 2 m-tiles).
+constexpr int kQSteps = kMlaRow / 16 / 4;  // 9 k-steps per warp
+constexpr size_t kMma2Smem = size_t(kMmaHeads) * kStride * 2 + size_t(2) * kTile * kStride * 2 +
+                             size_t(kMmaHeads) * kPStride * 2 + size_t(3) * kMmaHeads * 4;
+static_assert(size_t(4) * kMmaHeads * kSStride * 4 <= size_t(kMmaHeads) * kStride * 2, "S partials fit q_s");
+
+__global__ void __launch_bounds__(kMmaThreads, 1)
+    mla_split_mma2(MlaDecodeParams p, int n_split, int split_len, float* part_o, float* part_ml) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint16_t* q_s = reinterpret_cast<uint16_t*>(smem);                  // [32][kStride], then S partials
+  float* sp = reinterpret_cast<float*>(smem);                          // [4][32][kSStride]
+  uint16_t* k_s = q_s + kMmaHeads * kStride;                          // [2][64][kStride]
+  uint16_t* p_s = k_s + 2 * kTile * kStride;                          // [32][kPStride]
+  float* m_s = reinterpret_cast<float*>(p_s + kMmaHeads * kPStride);  // [32]
+  float* l_s = m_s + kMmaHeads;
+  float* a_s = l_s + kMmaHeads;
+
+  const int b = blockIdx.z, split = blockIdx.y, h0 = blockIdx.x * kMmaHeads;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, mt = warp / 4, kq = warp % 4;
+  const int n = p.ctx_len[b], t_begin = split * split_len, t_end = min(n, t_begin + split_len);
+  const int n_tiles = t_end > t_begin ? (t_end - t_begin + kTile - 1) / kTile : 0;
+
+  if (n_tiles > 0) load_tile(p, b, t_begin, t_end, k_s);
+  for (int c = tid; c < kMmaHeads * kChunks; c += kMmaThreads) {
+    const int r = c / kChunks, part = c % kChunks;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (h0 + r < p.n_head)
+      v = *reinterpret_cast<const uint4*>(p.q + (size_t(b) * p.n_head + h0 + r) * kMlaRow + part * 8);
+    *reinterpret_cast<uint4*>(q_s + r * kStride + part * 8) = v;
+  }
+  if (tid < kMmaHeads) m_s[tid] = -INFINITY, l_s[tid] = 0.f;
+  __syncthreads();
+  uint32_t qf[kQSteps][4];
+  {
+    const uint32_t qa = smem_addr(q_s + (mt * 16 + (lane & 15)) * kStride + kq * kQSteps * 16 + (lane >> 4) * 8);
+#pragma unroll
+    for (int kk = 0; kk < kQSteps; ++kk) ldsm_x4(qa + kk * 32, qf[kk]);
+  }
+  float acc[2][8][4];
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int t0 = t_begin + it * kTile;
+    const uint16_t* rows = k_s + (it % 2) * kTile * kStride;
+    if (it + 1 < n_tiles) {
+      load_tile(p, b, t0 + kTile, t_end, k_s + ((it + 1) % 2) * kTile * kStride);
+      asm volatile("cp.async.wait_group 1;\n");
+    } else {
+      asm volatile("cp.async.wait_group 0;\n");
+    }
+    __syncthreads();  // tile `it` landed; every warp holds its Q fragments (q_s may be overwritten)
+    {
+      float sc[8][4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+      const uint32_t ka = smem_addr(rows + ((lane & 7) + ((lane >> 4) << 3)) * kStride + kq * kQSteps * 16 +
+                                    ((lane >> 3) & 1) * 8);
+#pragma unroll
+      for (int kk = 0; kk < kQSteps; ++kk)
+#pragma unroll
+        for (int jp = 0; jp < 4; ++jp) {
+          uint32_t bb[4];
+          ldsm_x4(ka + (jp * 16 * kStride + kk * 16) * 2, bb);
+          mma_bf16(sc[2 * jp], qf[kk], bb[0], bb[1]);
+          mma_bf16(sc[2 * jp + 1], qf[kk], bb[2], bb[3]);
+        }
+      float* spw = sp + kq * kMmaHeads * kSStride;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2)
+          *reinterpret_cast<float2*>(spw + (mt * 16 + lane / 4 + e2 * 8) * kSStride + j * 8 + (lane % 4) * 2) =
+              make_float2(sc[j][2 * e2], sc[j][2 * e2 + 1]);
+    }
+    __syncthreads();
+    {  // online softmax: 8 threads per head row, 8 tokens each; S = scale * (sum of the 4 partials)
+      const int r = tid / 8, j = tid % 8;
+      float v[8], mx = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int col = j * 8 + i;
+        float s = 0.f;
+#pragma unroll
+        for (int q4 = 0; q4 < 4; ++q4) s += sp[(q4 * kMmaHeads + r) * kSStride + col];
+        v[i] = t0 + col < t_end ? s * p.scale : -INFINITY;
+        mx = fmaxf(mx, v[i]);
+      }
+      for (int o = 1; o < 8; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m_old = m_s[r], m_new = fmaxf(m_old, mx);
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const __nv_bfloat16 pb = __float2bfloat16_rn(__expf(v[i] - m_new));
+        sum += __bfloat162float(pb);
+        reinterpret_cast<__nv_bfloat16*>(p_s)[r * kPStride + j * 8 + i] = pb;
+      }
+      for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (j == 0) {
+        const float alpha = __expf(m_old - m_new);
+        a_s[r] = alpha, m_s[r] = m_new, l_s[r] = l_s[r] * alpha + sum;
+      }
+    }
+    __syncthreads();
+    {  // O = alpha O + P V: dims 64 warp .. +64, both head tiles
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        const float al0 = a_s[m * 16 + lane / 4], al1 = a_s[m * 16 + lane / 4 + 8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          acc[m][j][0] *= al0, acc[m][j][1] *= al0, acc[m][j][2] *= al1, acc[m][j][3] *= al1;
+      }
+      const uint32_t pa = smem_addr(p_s + (lane & 15) * kPStride + (lane >> 4) * 8);
+      const uint32_t va =
+          smem_addr(rows + ((lane & 7) + ((lane >> 3) & 1) * 8) * kStride + warp * 64 + (lane >> 4) * 8);
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        uint32_t a0[4], a1[4];
+        ldsm_x4(pa + kk * 32, a0);
+        ldsm_x4(pa + (16 * kPStride + kk * 16) * 2, a1);
+#pragma unroll
+        for (int jp = 0; jp < 4; ++jp) {
+          uint32_t bb[4];
+          ldsm_x4_trans(va + (kk * 16 * kStride + jp * 16) * 2, bb);
+          mma_bf16(acc[0][2 * jp], a0, bb[0], bb[1]);
+          mma_bf16(acc[0][2 * jp + 1], a0, bb[2], bb[3]);
+          mma_bf16(acc[1][2 * jp], a1, bb[0], bb[1]);
+          mma_bf16(acc[1][2 * jp + 1], a1, bb[2], bb[3]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  const size_t base = (size_t(b) * n_split + split) * p.n_head;
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e2 = 0; e2 < 2; ++e2) {
+        const int h = h0 + m * 16 + lane / 4 + e2 * 8, d = warp * 64 + j * 8 + (lane % 4) * 2;
+        if (h < p.n_head)
+          *reinterpret_cast<float2*>(part_o + (base + h) * kMlaLatent + d) =
+              make_float2(acc[m][j][2 * e2], acc[m][j][2 * e2 + 1]);
+      }
+  if (tid < kMmaHeads && h0 + tid < p.n_head) {
+    part_ml[(base + h0 + tid) * 2] = m_s[tid];
+    part_ml[(base + h0 + tid) * 2 + 1] = l_s[tid];
+  }
+}
+
 __global__ void __launch_bounds__(kSimpleThreads)
     mla_split_simple(MlaDecodeParams p, int n_split, int split_len, float* part_o, float* part_ml) {
   __shared__ __align__(16) uint16_t rows[kSimpleTile * kStride];
@@ -323,13 +481,16 @@ void mla_decode_cuda(const MlaDecodeParams& p, GpuContext& g) {
   const Split s = fit_split(p, g, kMmaHeads);
   float* part_o = static_cast<float*>(g.workspace);
   float* part_ml = part_o + size_t(p.n_seq) * s.n_split * p.n_head * kMlaLatent;
-  static bool attr = [] {
+  static const bool v2 = [] {  // experimental: K3_MLA_MMA2=1 picks mla_split_mma2
+    const char* e = std::getenv("K3_MLA_MMA2");
     K3_CUDA_ASSERT(cudaFuncSetAttribute(mla_split_mma, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMmaSmem)));
-    return true;
+    K3_CUDA_ASSERT(cudaFuncSetAttribute(mla_split_mma2, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMma2Smem)));
+    return e && e[0] == '1';
   }();
-  (void)attr;
+  const auto kernel = v2 ? mla_split_mma2 : mla_split_mma;
+  const size_t smem = v2 ? kMma2Smem : kMmaSmem;
   const dim3 grid((p.n_head + kMmaHeads - 1) / kMmaHeads, s.n_split, p.n_seq);
-  mla_split_mma<<<grid, kMmaThreads, kMmaSmem, g.stream>>>(p, s.n_split, s.split_len, part_o, part_ml);
+  kernel<<<grid, kMmaThreads, smem, g.stream>>>(p, s.n_split, s.split_len, part_o, part_ml);
   K3_CUDA_LAUNCH_CHECK();
   combine(p, s, part_o, g);
 }
