@@ -231,7 +231,7 @@ Status run(const BenchArgs& a) {
       nlohmann::ordered_json j =
           line((r.frac < 0 ? "prefill " : "decode ") + r.test + " b" + std::to_string(r.batch) + cfg, r.tok_s,
                "tokens/s");
-      if (r.frac >= 0) {
+      if (r.frac >= 0 && !l.gpu) {  // the host's read bandwidth is no roofline for --device cuda
         j["peer"] = "read-bandwidth roofline (bytes/step at the measured read bandwidth)";
         j["peer_value"] = r.tok_s / r.frac;
         j["ratio"] = r.frac;
