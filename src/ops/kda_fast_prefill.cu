@@ -70,7 +70,7 @@ __device__ inline void mma_load_b_nk(uint32_t (&b)[2], const float* X, int ld, i
 #define KDA_FAST_NT 512
 #endif
 #ifndef KDA_FAST_INV_DOUBLING
-#define KDA_FAST_INV_DOUBLING 1
+#define KDA_FAST_INV_DOUBLING 0
 #endif
 #ifndef KDA_FAST_AL_PAIRS  // A, L: each warp two adjacent column tiles (half the A-operand reads)
 #define KDA_FAST_AL_PAIRS 0
