@@ -48,8 +48,18 @@ Split choose_split(const MlaDecodeParams& p, int heads_per_cta, int want) {
       K3_CUDA_ASSERT(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
       return v;
     }();
+    // fewest splits that fill every SM with whole waves (>= 85% of the last wave busy): fewer splits
+    // mean fewer partials to write and combine (at batch 1 they rival the cache bytes)
     const int ctas = p.n_seq * ((p.n_head + heads_per_cta - 1) / heads_per_cta);
-    n = std::max(1, (4 * sms + ctas - 1) / ctas);
+    const int n_max = (p.max_ctx + kTile - 1) / kTile;
+    n = std::min(n_max, std::max(1, (sms + ctas - 1) / ctas));
+    for (int c = n; c <= n_max; ++c) {
+      const int64_t total = int64_t(ctas) * c, waves = (total + sms - 1) / sms;
+      if (double(total) >= 0.85 * double(waves * sms)) {
+        n = c;
+        break;
+      }
+    }
   }
   n = std::min(n, (p.max_ctx + kTile - 1) / kTile);
   const int len = ((p.max_ctx + n - 1) / n + kTile - 1) / kTile * kTile;
@@ -96,17 +106,20 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Issues cp.async for tile [t0, t0 + kTile) of sequence b into rows (zeros past t_end).
+// Issues cp.async for tile [t0, t0 + kTile) of sequence b into rows (zeros past t_end). Thread -> token
+// tid / 4 (one block-table read), 16-byte chunks tid % 4 + 4 i: four threads cover 64 contiguous bytes.
 __device__ __forceinline__ void load_tile(const MlaDecodeParams& p, int b, int t0, int t_end, uint16_t* rows) {
-  for (int c = threadIdx.x; c < kTile * kChunks; c += kMmaThreads) {
-    const int tok = c / kChunks, part = c % kChunks;
-    uint16_t* dst = rows + tok * kStride + part * 8;
-    if (t0 + tok < t_end) {
-      const uint16_t* src = row_ptr(p, b, t0 + tok) + part * 8;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
-    } else {
-      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-    }
+  static_assert(kMmaThreads == 4 * kTile && kChunks % 4 == 0, "4 threads per token row");
+  const int tok = threadIdx.x / 4, t = t0 + tok;
+  uint16_t* dst = rows + tok * kStride + (threadIdx.x % 4) * 8;
+  if (t < t_end) {
+    const uint16_t* src = row_ptr(p, b, t) + (threadIdx.x % 4) * 8;
+#pragma unroll
+    for (int i = 0; i < kChunks / 4; ++i)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst + i * 32)), "l"(src + i * 32));
+  } else {
+#pragma unroll
+    for (int i = 0; i < kChunks / 4; ++i) *reinterpret_cast<uint4*>(dst + i * 32) = make_uint4(0, 0, 0, 0);
   }
   asm volatile("cp.async.commit_group;\n");
 }
@@ -152,7 +165,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     }
     __syncthreads();
     // S = scale * Q K^T for heads mt*16.., tokens wq*16 .. +16
-    float sc[2][4] = {};
+    float sc[2][4] = {}, sc_odd[2][4] = {};  // even / odd k-steps: two mma chains per n-tile (latency)
     {
       const uint32_t qa = smem_addr(q_s + (mt * 16 + (lane & 15)) * kStride + (lane >> 4) * 8);
       const uint32_t ka =
@@ -162,9 +175,13 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
         uint32_t a[4], bb[4];
         ldsm_x4(qa + kk * 32, a);
         ldsm_x4(ka + kk * 32, bb);
-        mma_bf16(sc[0], a, bb[0], bb[1]);
-        mma_bf16(sc[1], a, bb[2], bb[3]);
+        mma_bf16(kk % 2 ? sc_odd[0] : sc[0], a, bb[0], bb[1]);
+        mma_bf16(kk % 2 ? sc_odd[1] : sc[1], a, bb[2], bb[3]);
       }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[nt][e] += sc_odd[nt][e];
     }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
