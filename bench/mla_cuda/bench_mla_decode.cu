@@ -8,6 +8,7 @@
 // 3. timing: batch 64 x 32K and batch 1 x 32K / 128K (96 heads, P = 64, pages shuffled): mean of 20 calls
 //    after 3 warm-ups (CUDA events); GB/s on cache bytes (n_seq * ctx * 576 * 2) and the ratio to the copy.
 //    Small caches rotate over several layer pools (>= 256 MiB in all) so L2 (50 MiB) does not hold them.
+// The tensor-core kernel is also timed at forced split counts (metric suffix _splitN).
 // K3_MLA_MMA2=1 runs the experimental mla_split_mma2 as "mma2" (and skips the simple kernel).
 // Every metric is printed and appended as a JSON line (bench, commit, machine, metric, value, unit, peer,
 // peer_value, ratio, goal, met). Build: bash bench/mla_cuda/build.sh.
@@ -248,6 +249,14 @@ int main(int argc, char** argv) {
       emit(tag + "_us", us, "us");
       emit(tag + "_cache_GBps", bytes / us * 1e-3, "GB/s", "cudaMemcpy D2D GB/s", copy,
            sh.goal ? ">= 0.85 of copy bandwidth on cache bytes" : nullptr, 0.85);
+      if (k == mla_decode_cuda)  // forced split counts (auto = fewest whole waves of 132 SMs)
+        for (int ns : sh.n_seq > 1 ? std::vector<int>{1, 2, 4} : std::vector<int>{22, 44, 88, 176}) {
+          s.p.n_split = ns;
+          const double us_ns = time_us(s, k, g);
+          s.p.n_split = 0;
+          emit(tag + "_split" + std::to_string(ns) + "_cache_GBps", bytes / us_ns * 1e-3, "GB/s",
+               "cudaMemcpy D2D GB/s", copy);
+        }
     }
     destroy(s);
   }
