@@ -27,6 +27,12 @@ void ShardHooks::reduce_partial(const Ctx& c, float* y, int64_t n) {
   if (plan_.tp_on()) fail(c, plan_.tp->all_reduce_sum(y, n).with_context("tensor-parallel reduce"));
 }
 
+// tp_shard splits the index heads over every tensor-parallel rank (a rank may hold none), so the scores
+// are always partial under TP.
+void ShardHooks::reduce_index_scores(const Ctx& c, float* scores, int64_t n) {
+  if (plan_.tp_on()) fail(c, plan_.tp->all_reduce_sum(scores, n).with_context("DSA index-score reduce"));
+}
+
 bool ShardHooks::moe_experts(const Ctx& c, const ModelConfig& cfg, const MoeWeights& w, const float* z,
                              const int32_t* sel, int64_t n_tok, float* slot_out, int layer) {
   if (!plan_.ep_on()) return false;

@@ -29,6 +29,7 @@ class ShardHooks final : public ParallelHooks {
  public:
   explicit ShardHooks(ShardPlan plan) : plan_(std::move(plan)) {}
   void reduce_partial(const Ctx& c, float* y, int64_t n) override;
+  void reduce_index_scores(const Ctx& c, float* scores, int64_t n) override;
   bool moe_experts(const Ctx& c, const ModelConfig& cfg, const MoeWeights& w, const float* z,
                    const int32_t* sel, int64_t n_tok, float* slot_out, int layer) override;
 

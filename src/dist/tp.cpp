@@ -81,6 +81,15 @@ Status shard_mla(const ModelConfig& cfg, MlaWeights& w, int rank, int n, std::sh
   return ok_status();
 }
 
+// Index heads [r Hi / n, (r+1) Hi / n): wq_b and weights_proj rows. An even split when n divides Hi, else
+// sizes differ by one (a rank may get none and contribute zero scores). wk and k_norm stay whole: the index
+// key is one per token, shared by all heads, so every rank keeps the whole index-key cache.
+void shard_dsa(const ModelConfig& cfg, DsaWeights& w, int rank, int n) {
+  const int64_t Hi = cfg.dsa.n_head, Di = cfg.dsa.d_head, h0 = rank * Hi / n, nh = (rank + 1) * Hi / n - h0;
+  w.wq_b = linear_rows(w.wq_b, h0 * Di, nh * Di);
+  w.weights_proj = linear_rows(w.weights_proj, h0, nh);
+}
+
 }  // namespace
 
 LinearWeight linear_rows(const LinearWeight& W, int64_t row0, int64_t n_rows) {
@@ -142,13 +151,14 @@ Status tp_shard(ModelConfig& cfg, ModelWeights& w, int rank, int n) {
       K3_RETURN_IF_ERROR(shard_kda(cfg, lw.kda, rank, n, w.shard_storage));
     else
       K3_RETURN_IF_ERROR(shard_mla(cfg, lw.mla, rank, n, w.shard_storage));
+    if (lw.kind != AttnKind::kda && lw.mla.has_dsa) shard_dsa(cfg, lw.mla.dsa, rank, n);
     if (!lw.moe)
       K3_RETURN_IF_ERROR(shard_glu(lw.mlp, rank, n, w.shard_storage));
     else if (cfg.moe.n_shared_expert > 0)
       K3_RETURN_IF_ERROR(shard_glu(lw.moe_w.shared, rank, n, w.shard_storage));
   }
   cfg.kda.n_head /= n;
-  cfg.mla.n_head /= n;
+  cfg.mla.n_head /= n;  // cfg.dsa.n_head stays the model's: the index-score scale counts every head
   return ok_status();
 }
 

@@ -5,7 +5,11 @@
 //           o_proj columns sliced (row-parallel: its output is a partial sum, reduced over ranks)
 //   MLA     heads likewise: q_proj | q_b_proj rows, kv_b_proj rows (both paths), g_proj rows, o_proj columns;
 //           the 576-wide latent (kv_a_proj_with_mqa) and q_a_proj stay replicated, so every rank keeps the
-//           whole latent cache; the DSA indexer stays replicated (its head sum would need one more reduce)
+//           whole latent cache
+//   DSA     index heads [r Hi/n, (r+1) Hi/n) (uneven when n does not divide Hi; a rank may hold none):
+//           wq_b and weights_proj rows; wk / k_norm replicated (the index key is per token, so every rank
+//           keeps the whole index-key cache); the partial scores are summed over ranks (reduce_index_scores)
+//           before the top-k, which then runs identically on every rank. cfg.dsa.n_head is not divided.
 //   GLU     dense MLP and shared experts: gate/up rows, down columns (partial sum, reduced)
 //   routed experts: untouched here (replicated, or expert parallel: ep.h)
 // Embedding, norms, AttnRes, router and lm_head stay replicated; activations [n_tok, D] are replicated

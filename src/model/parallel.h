@@ -2,7 +2,8 @@
 //
 // Model code calls these hooks at fixed points and contains no rank logic; every default does nothing, so
 // a single-rank run (Ctx::par == nullptr, or a plain ParallelHooks) is the ordinary forward pass.
-// src/dist implements them: tensor parallel (a row-parallel linear's partial sums are reduced), expert
+// src/dist implements them: tensor parallel (a row-parallel linear's partial sums and the DSA indexer's partial head sums are
+// reduced), expert
 // parallel (routed tokens are dispatched to the ranks owning their experts), and KDA context parallel (a
 // sequence split across ranks: the conv halo, the KDA initial state of a segment, the MLA/DSA rows of
 // earlier positions). The sharded weights and the smaller per-rank config come from a transform applied
@@ -29,6 +30,11 @@ class ParallelHooks {
 
   // y [n]: a partial sum over ranks (a row-parallel linear's fp32 output, before its rounding point).
   virtual void reduce_partial(const Ctx& c, float* y, int64_t n) {}
+
+  // DSA indexer: scores [n] (rows of I[t, s] before the scale, zero where s is not visible) hold the sum over
+  // this rank's index heads only; makes them the sum over all heads. Called once per block of scored queries,
+  // the same number of times on every rank; the top-k after it must then agree on every rank.
+  virtual void reduce_index_scores(const Ctx& c, float* scores, int64_t n) {}
 
   // MoE: fills slot_out [n_tok * k, dz] with E_{sel[r]}(z[r / k]) for every (token, slot) row r; false lets
   // the model run every expert itself. z: [n_tok, dz] expert inputs, sel: [n_tok, k] expert ids.
