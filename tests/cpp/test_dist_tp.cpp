@@ -4,12 +4,14 @@
 // count): TP = 2, 4 where tp_check allows it, EP = 2, 4 (round robin and load-balanced placement),
 // TP = 2 x EP = 2 on the same ranks, and two TP = 2 groups under one EP = 4 group. fp32 mode: a prefill
 // (every row's logits) then two decoded tokens (absorbed MLA, recurrent KDA), NMSE <= 1e-6 against one rank;
-// every rank ends with bit-identical logits (replicated activations).
+// every rank ends with bit-identical logits (replicated activations). DsaIndexerHeadsSplit: the K3.1 index
+// sets under TP equal the single rank's on every rank.
 #include <gtest/gtest.h>
 
 #include "dist/ep.h"
 #include "dist/shard.h"
 #include "dist/tp.h"
+#include "model/weights.h"
 #include "test_dist_util.h"
 
 namespace k3 {
@@ -125,6 +127,82 @@ TEST(DistTp, TinyK31) {
   RegroupedKda h4(*ck);
   ASSERT_TRUE(tp_check(h4.config(), 4).ok());
   check_model(h4, "tiny-k31 (4 KDA heads)");
+}
+
+// The DSA indexer's heads are split under TP (tp.h): every rank sums its heads' ReLU-weighted scores, the
+// partial score rows are summed over ranks (reduce_index_scores), and the top-k runs on every rank. One
+// prefill then two decoded tokens, with the trace "dsa_sel" (every DSA layer's selected positions) recorded.
+struct SelRun {
+  std::vector<float> logits, sel;
+  int64_t index_heads = 0;  // sum over DSA layers of this rank's index heads (weights_proj rows)
+};
+
+SelRun run_with_sel(const Checkpoint& ck, const std::vector<int32_t>& tok, ParallelHooks* hooks,
+                    const WeightTransform& shard) {
+  SelRun out;
+  ModelOptions opt = test_options();
+  opt.parallel = hooks;
+  opt.trace = [&](const char* name, int, const float* x, int64_t n) {
+    if (std::string(name) == "dsa_sel") out.sel.insert(out.sel.end(), x, x + n);
+  };
+  auto m = Model::load(ck, opt, [&](ModelConfig& cfg, ModelWeights& w) -> Status {
+    if (shard) K3_RETURN_IF_ERROR(shard(cfg, w));
+    for (const LayerWeights& lw : w.layers)
+      if (lw.kind != AttnKind::kda && lw.mla.has_dsa) out.index_heads += lw.mla.dsa.weights_proj.out;
+    return ok_status();
+  });
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  if (!m.ok()) return out;
+  auto st = (*m)->new_state();
+  std::vector<float> step;
+  Status s = (*m)->forward(*st, tok.data(), int64_t(tok.size()) - 2, &out.logits, true);
+  for (size_t t = tok.size() - 2; s.ok() && t < tok.size(); ++t) {
+    s = (*m)->forward(*st, &tok[t], 1, &step, false);
+    out.logits.insert(out.logits.end(), step.begin(), step.end());
+  }
+  EXPECT_TRUE(s.ok()) << s.message();
+  return out;
+}
+
+void check_index_sets(const Checkpoint& ck, const char* name, int tp) {
+  const ModelConfig& cfg = ck.config();
+  ASSERT_TRUE(cfg.dsa.enabled) << name;
+  const auto tok = random_tokens(37, cfg.n_vocab, 11);
+  const SelRun one = run_with_sel(ck, tok, nullptr, {});
+  // The sets must really be sparse (more visible positions than topk), else the test checks nothing.
+  int64_t sparse_rows = 0;
+  for (size_t i = 0; i + size_t(cfg.dsa.topk) <= one.sel.size(); i += size_t(cfg.dsa.topk))
+    sparse_rows += one.sel[i + size_t(cfg.dsa.topk) - 1] > float(cfg.dsa.topk - 1);
+  ASSERT_GT(sparse_rows, 0) << name;
+  auto comms = make_inproc_comms(tp);
+  std::vector<SelRun> r(static_cast<size_t>(tp));
+  run_ranks(tp, [&](int k) {
+    ShardPlan plan;
+    plan.tp = comms[size_t(k)].get();
+    ShardHooks hooks(plan);
+    r[size_t(k)] = run_with_sel(ck, tok, &hooks, shard_transform(plan));
+  });
+  int64_t heads = 0;
+  for (int k = 0; k < tp; ++k) {
+    const SelRun& x = r[size_t(k)];
+    heads += x.index_heads;
+    EXPECT_LT(x.index_heads, one.index_heads) << name << " rank " << k << ": index heads not split";
+    EXPECT_TRUE(x.sel == one.sel) << name << " TP=" << tp << " rank " << k << ": index sets differ";
+    EXPECT_TRUE(x.logits == r[0].logits) << name << " rank " << k << " differs from rank 0";
+    const double e = nmse(x.logits, one.logits);
+    EXPECT_LE(e, 1e-6) << name << " TP=" << tp << " rank " << k;
+    if (k == 0) std::printf("%s TP=%d, index heads split: NMSE %.3g, %lld sparse index rows\n", name, tp, e,
+                            static_cast<long long>(sparse_rows));
+  }
+  EXPECT_EQ(heads, one.index_heads) << name;
+}
+
+TEST(DistTp, DsaIndexerHeadsSplit) {
+  auto ck = open_tiny("tiny-k31");
+  ASSERT_TRUE(ck);
+  check_index_sets(*ck, "tiny-k31", 2);
+  RegroupedKda h4(*ck);  // 2 index heads over 4 ranks: two ranks hold one head, two hold none
+  check_index_sets(h4, "tiny-k31 (4 KDA heads)", 4);
 }
 
 // bf16 mode rounds after the reduce, so TP differs from one rank only by fp32 summation order (a rounding
