@@ -23,16 +23,19 @@ bool ends_with(const std::string& s, const char* suf) {
   return s.size() >= n && s.compare(s.size() - n, n, suf) == 0;
 }
 
-// Split over TP as src/dist/tp.h does: head-indexed attention projections (the low-rank a-projections, the
-// 576-wide latent projection and the DSA indexer stay replicated), d_ff-indexed dense / shared GLUs.
+// Split over TP as src/dist/tp.h does: head-indexed attention projections (the low-rank a-projections and
+// the 576-wide latent projection stay replicated; of the DSA indexer, the head-indexed wq_b and weights_proj
+// split, the per-token key projection wk and k_norm stay replicated), d_ff-indexed dense / shared GLUs.
 // Embedding, lm_head, norms, AttnRes, router and LatentMoE down/up are replicated.
 Shard shard_of(const ExpectedTensor& e) {
   if (e.routed_expert) return Shard::ep;
   const std::string& n = e.name;
   if (n.find(".mlp.") != std::string::npos || n.find(".shared_experts.") != std::string::npos)
     return Shard::tp;
-  if (n.find(".self_attn.") == std::string::npos || n.find(".indexer.") != std::string::npos)
-    return Shard::replicated;
+  if (n.find(".indexer.") != std::string::npos)
+    return ends_with(n, ".wq_b.weight") || ends_with(n, ".weights_proj.weight") ? Shard::tp
+                                                                                : Shard::replicated;
+  if (n.find(".self_attn.") == std::string::npos) return Shard::replicated;
   static const char* kTp[] = {".q_proj.weight",   ".k_proj.weight",   ".v_proj.weight",   ".q_conv1d.weight",
                               ".k_conv1d.weight", ".v_conv1d.weight", ".f_b_proj.weight", ".g_b_proj.weight",
                               ".b_proj.weight",   ".dt_bias",         ".A_log",           ".g_proj.weight",
@@ -232,9 +235,9 @@ int64_t activation_width(const ModelConfig& c, const ModelSums& m, int64_t tp) {
   int64_t width = 0;
   if (m.n_kda) width = std::max(width, 6 * HK / tp + c.kda.n_head / tp);  // q k v g f o, beta
   if (m.n_mla + m.n_dsa)  // c^Q, q, k, v, o per head, the latent row, the indexer
-    width =
-        std::max(width, c.mla.q_lora_rank + nh / tp * (2 * c.mla.d_qk() + 2 * c.mla.d_v) + c.mla.d_latent() +
-                            (c.dsa.enabled ? c.dsa.n_head * (c.dsa.d_head + 1) + c.dsa.d_head : 0));
+    width = std::max(
+        width, c.mla.q_lora_rank + nh / tp * (2 * c.mla.d_qk() + 2 * c.mla.d_v) + c.mla.d_latent() +
+                   (c.dsa.enabled ? ceil_div(c.dsa.n_head, tp) * (c.dsa.d_head + 1) + c.dsa.d_head : 0));
   if (m.n_moe < c.n_layer) width = std::max(width, 3 * int64_t(c.d_ff) / tp);  // gate, up, h
   if (m.n_moe) width = std::max(width, c.moe.n_expert + k * (3 * F + Din) + 3 * Fs / tp + Din);
   const int64_t blocks = c.uses_attn_res() ? ceil_div(c.n_layer, c.attn_res_block_size) + 1 : 0;
@@ -296,6 +299,10 @@ Plan evaluate(const ModelConfig& c, const ModelSums& m, const Layout& l, const P
                              3.0 * (c.kda.conv_size - 1) * double(H / tp * K) * wire;
     p.comm.kcp_prefill_mla = double(kcp - 1) * double(rows) * (m.lat + m.idx);
   }
+  if (c.dsa.enabled && m.n_dsa) {  // fp32 index-score rows [n_tok, n_ctx] summed over the TP ranks' heads
+    p.comm.tp_dsa_decode = ring_tp * double(seqs) * double(T) * 4.0;
+    p.comm.tp_dsa_prefill_per_token = ring_tp * double(T) * 4.0;
+  }
   return p;
 }
 
@@ -327,7 +334,7 @@ std::vector<Plan> all_plans(const ModelConfig& c, const std::vector<PlanTensor>&
 
 std::optional<Plan> smallest_fit(const std::vector<Plan>& plans) {
   auto key = [](const Plan& p) {
-    const double comm = p.comm.tp_decode + p.comm.ep_decode + p.comm.kcp_decode;
+    const double comm = p.comm.tp_decode + p.comm.ep_decode + p.comm.kcp_decode + p.comm.tp_dsa_decode;
     return std::make_tuple(p.layout.world(), p.decode.gpu_bytes_per_step, comm, p.mem.total());
   };
   std::optional<Plan> best;

@@ -9,7 +9,8 @@
 //   tp   tensor parallel as src/dist/tp.h shards: attention heads (KDA projections, conv, dt_bias, A_log;
 //        MLA q_b / kv_b / g / o), dense and shared-expert d_ff. Replicated: embedding, lm_head, norms,
 //        AttnRes, router, LatentMoE down/up, the low-rank a-projections, the latent projection and the DSA
-//        indexer. The MLA latent is one MQA head: every TP rank holds the whole cache row.
+//        indexer's key path (wk, k_norm); the indexer's head-indexed wq_b / weights_proj split. The MLA
+//        latent is one MQA head and the index key one per token: every TP rank holds both whole cache rows.
 //   kcp  KDA context parallel: a sequence split over kcp ranks; MLA latent / DSA index rows sharded by
 //        position (ceil(T / kcp) each); the fixed KDA state (S, conv window) is held by every kcp rank.
 //   dp   trunk replicas; the batch is split over them (ceil(B / dp) sequences each).
@@ -112,6 +113,9 @@ struct LayerComm {        // bytes one GPU sends, per layer of the kind named
   double tp_prefill_per_token = 0, ep_prefill_per_token = 0;
   double kcp_prefill_kda = 0;  // KDA layer, one prompt: all-gather of (M, S~) per head + conv halo
   double kcp_prefill_mla = 0;  // MLA/DSA layer, one prompt of T tokens: all-gather of latent (+ index) rows
+  // DSA layer under TP: all-reduce of the fp32 index scores, one row of n_ctx <= T per query token
+  // (decode: seqs x T x 4 bytes of message; prefill: at most T x 4 per token, n_tok x n_ctx x 4 per chunk)
+  double tp_dsa_decode = 0, tp_dsa_prefill_per_token = 0;
 };
 
 struct Plan {

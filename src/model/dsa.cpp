@@ -92,9 +92,8 @@ bool dsa_select(const Ctx& c, const ModelConfig& cfg, const DsaWeights& w, const
       for (int64_t s = 0; s < n_vis; ++s) It[s] *= scale;
       idx.resize(size_t(n_vis));
       std::iota(idx.begin(), idx.end(), 0);
-      std::partial_sort(idx.begin(), idx.begin() + topk, idx.end(), [&](int32_t l, int32_t r) {
-        return It[l] > It[r] || (It[l] == It[r] && l < r);
-      });
+      std::partial_sort(idx.begin(), idx.begin() + topk, idx.end(),
+                        [&](int32_t l, int32_t r) { return It[l] > It[r] || (It[l] == It[r] && l < r); });
       std::sort(idx.begin(), idx.begin() + topk);
       std::copy(idx.begin(), idx.begin() + topk, sel->data() + i * topk);
     }

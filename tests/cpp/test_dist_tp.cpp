@@ -191,8 +191,9 @@ void check_index_sets(const Checkpoint& ck, const char* name, int tp) {
     EXPECT_TRUE(x.logits == r[0].logits) << name << " rank " << k << " differs from rank 0";
     const double e = nmse(x.logits, one.logits);
     EXPECT_LE(e, 1e-6) << name << " TP=" << tp << " rank " << k;
-    if (k == 0) std::printf("%s TP=%d, index heads split: NMSE %.3g, %lld sparse index rows\n", name, tp, e,
-                            static_cast<long long>(sparse_rows));
+    if (k == 0)
+      std::printf("%s TP=%d, index heads split: NMSE %.3g, %lld sparse index rows\n", name, tp, e,
+                  static_cast<long long>(sparse_rows));
   }
   EXPECT_EQ(heads, one.index_heads) << name;
 }

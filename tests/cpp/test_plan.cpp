@@ -144,6 +144,40 @@ TEST(PlanK3, SmallestLayoutIsTwoNodes) {
   EXPECT_FALSE(smallest_fit(all_plans(c, w, o)).has_value());
 }
 
+// K3.1 under TP (src/dist/tp.h): the indexer's head-indexed wq_b / weights_proj split over the TP ranks,
+// its per-token key path (wk, k_norm) stays whole; each DSA layer all-reduces fp32 score rows of n_ctx.
+TEST(PlanK31, IndexerHeadsSplitOverTp) {
+  const ModelConfig c = config_file("kimi-k3.1-pro.json");
+  ASSERT_TRUE(c.dsa.enabled);
+  const auto w = plan_tensors(c, {});
+  int64_t split = 0, whole = 0, n_split = 0, n_whole = 0;
+  for (const PlanTensor& t : w) {
+    if (t.name.find(".indexer.") == std::string::npos) continue;
+    const bool head =
+        t.name.find(".wq_b.") != std::string::npos || t.name.find(".weights_proj.") != std::string::npos;
+    EXPECT_EQ(t.shard, head ? Shard::tp : Shard::replicated) << t.name;
+    (head ? split : whole) += t.bytes;
+    ++(head ? n_split : n_whole);
+  }
+  const int64_t n_dsa = c.n_layers_of(AttnKind::dsa), Hi = c.dsa.n_head, Di = c.dsa.d_head;
+  EXPECT_EQ(n_split, 2 * n_dsa);
+  EXPECT_EQ(n_whole, 3 * n_dsa);  // wk, k_norm weight and bias
+  const int64_t es = int64_t(dtype_size(w.front().dtype));
+  EXPECT_EQ(split, n_dsa * (Hi * Di * c.mla.q_lora_rank + Hi * c.d_model) * es);
+  PlanOptions o;
+  o.nodes = 2;
+  o.context = 131072;
+  o.batch = 4;
+  const Plan tp1 = evaluate_plan(c, w, Layout{1, 1, 16, 16}, o),
+             tp8 = evaluate_plan(c, w, Layout{8, 1, 2, 16}, o);
+  EXPECT_EQ(tp1.comm.tp_dsa_decode, 0.0);
+  // 2 (n-1)/n ring factor x 2 sequences per replica x one fp32 row of 131072 scores.
+  EXPECT_DOUBLE_EQ(tp8.comm.tp_dsa_decode, 2.0 * 7 / 8 * 2 * 131072 * 4);
+  EXPECT_DOUBLE_EQ(tp8.comm.tp_dsa_prefill_per_token, 2.0 * 7 / 8 * 131072 * 4);
+  // The split indexer weights count 1/8 per rank: TP8's TP bytes fall by 7/8 of them (and of the rest).
+  EXPECT_NEAR(double(tp1.mem.weights_tp - tp8.mem.weights_tp), double(bytes_of(w, Shard::tp)) * 7 / 8, 1e3);
+}
+
 // Kimi-Linear-48B (bf16, ~49 B weights = ~98 GB): one H200 at 8K context.
 TEST(PlanKL, FitsOneGpu) {
   const ModelConfig c = config_file("kimi-linear-48b-a3b.json");
