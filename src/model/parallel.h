@@ -3,10 +3,9 @@
 // Model code calls these hooks at fixed points and contains no rank logic; every default does nothing, so
 // a single-rank run (Ctx::par == nullptr, or a plain ParallelHooks) is the ordinary forward pass.
 // src/dist implements them: tensor parallel (a row-parallel linear's partial sums and the DSA indexer's
-// partial head sums are reduced), expert
-// parallel (routed tokens are dispatched to the ranks owning their experts), and KDA context parallel (a
-// sequence split across ranks: the conv halo, the KDA initial state of a segment, the MLA/DSA rows of
-// earlier positions). The sharded weights and the smaller per-rank config come from a transform applied
+// partial head sums are reduced), expert parallel (routed tokens are dispatched to the ranks owning their
+// experts), and KDA context parallel (a sequence split across ranks: the conv halo, the KDA initial state
+// of a segment, the MLA/DSA rows of earlier positions). The sharded weights and the smaller per-rank config come from a transform applied
 // after binding (Model::load's WeightTransform), never from model files.
 // Hooks report failures into *Ctx::guard (the layer loop checks it after every layer).
 #pragma once
