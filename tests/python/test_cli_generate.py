@@ -148,12 +148,18 @@ def test_bench_prints_table_and_jsonl(k3_bin, root, tmp_path):
     text = r.stdout.decode()
     for needle in ["read bandwidth", "pp8", "pp16", "tg2", "% of bw"]:
         assert needle in text, text
-    lines = [json.loads(l) for l in out.read_text().splitlines()]
-    assert len(lines) == 1 + 2 + 2
+    all_lines = [json.loads(l) for l in out.read_text().splitlines()]
     keys = ["bench", "commit", "machine", "metric", "value", "unit", "peer", "peer_value", "ratio", "goal", "met"]
+    for j in all_lines:
+        assert list(j) == keys and j["commit"] == "abc123"
+    # one read-bandwidth line, then per test a tokens/s line and a cpu-utilization line
+    cpu = [j for j in all_lines if j["metric"].startswith("cpu utilization")]
+    lines = [j for j in all_lines if not j["metric"].startswith("cpu utilization")]
+    assert len(lines) == 1 + 2 + 2 and len(cpu) == 2 + 2
     for j in lines:
-        assert list(j) == keys
-        assert j["commit"] == "abc123" and j["value"] > 0
+        assert j["value"] > 0
+    for j in cpu:
+        assert 0 <= j["value"] <= 1.5
     decode = [j for j in lines if j["metric"].startswith("decode")]
     assert len(decode) == 2
     for j in decode:
