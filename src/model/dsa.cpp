@@ -71,8 +71,8 @@ bool dsa_select(const Ctx& c, const ModelConfig& cfg, const DsaWeights& w, const
     const int64_t rows = std::min(block, n_tok - b0);
     I.assign(size_t(rows * n_ctx), 0.f);
     for (int64_t i = b0; i < b0 + rows; ++i) {
-      const float* qt = &qI[size_t(i * Hi * Di)];
-      const float* at = &a[size_t(i * Hi)];
+      const float* qt = qI.data() + i * Hi * Di;  // a rank may hold no index heads: Hi = 0, empty qI, a
+      const float* at = a.data() + i * Hi;
       float* It = &I[size_t((i - b0) * n_ctx)];
       for (int64_t s = 0; s <= n_past + i; ++s) {
         const float* ks = &index_k[size_t(s * Di)];
