@@ -13,6 +13,7 @@
 
 #include "io/checkpoint.h"
 #include "model/model.h"
+#include "model_test_util.h"
 
 namespace k3::disttest {
 
@@ -29,23 +30,8 @@ inline ModelOptions test_options() {
   return o;
 }
 
-inline std::vector<int32_t> random_tokens(int64_t n, int32_t vocab, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = int32_t(gen() % uint32_t(vocab));
-  return t;
-}
-
-inline double nmse(const std::vector<float>& y, const std::vector<float>& ref) {
-  EXPECT_EQ(y.size(), ref.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < std::min(y.size(), ref.size()); ++i) {
-    const double d = double(y[i]) - ref[i];
-    num += d * d;
-    den += double(ref[i]) * ref[i];
-  }
-  return den > 0 ? num / den : num;
-}
+using testutil::nmse;
+using testutil::random_tokens;
 
 // Runs f(rank) on n threads and joins them.
 inline void run_ranks(int n, const std::function<void(int)>& f) {

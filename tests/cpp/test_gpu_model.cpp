@@ -23,6 +23,7 @@
 #include "io/checkpoint.h"
 #include "io/tokenizer.h"
 #include "model/model.h"
+#include "model_test_util.h"
 
 namespace k3 {
 namespace {
@@ -40,22 +41,8 @@ std::unique_ptr<Checkpoint> open_model(const std::string& name) {
   return r.ok() ? std::move(r).value() : nullptr;
 }
 
-std::vector<int32_t> random_tokens(int64_t n, int32_t vocab, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = int32_t(gen() % uint32_t(vocab));
-  return t;
-}
-
-double nmse(const std::vector<float>& y, const std::vector<float>& ref) {
-  EXPECT_EQ(y.size(), ref.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < std::min(y.size(), ref.size()); ++i) {
-    num += (double(y[i]) - ref[i]) * (double(y[i]) - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return den > 0 ? num / den : num;
-}
+using testutil::nmse;
+using testutil::random_tokens;
 
 struct Pair {
   std::unique_ptr<Checkpoint> ck;

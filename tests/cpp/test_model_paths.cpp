@@ -15,6 +15,7 @@
 
 #include "io/checkpoint.h"
 #include "model/model.h"
+#include "model_test_util.h"
 
 namespace k3 {
 namespace {
@@ -55,22 +56,8 @@ std::unique_ptr<Model> load(const Checkpoint& ck, ModelOptions opt = {}) {
   return r.ok() ? std::move(r).value() : nullptr;
 }
 
-std::vector<int32_t> random_tokens(int64_t n, int32_t vocab, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = int32_t(gen() % uint32_t(vocab));
-  return t;
-}
-
-double nmse(const std::vector<float>& y, const std::vector<float>& ref) {
-  EXPECT_EQ(y.size(), ref.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < std::min(y.size(), ref.size()); ++i) {
-    num += (double(y[i]) - ref[i]) * (double(y[i]) - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return den > 0 ? num / den : num;
-}
+using testutil::nmse;
+using testutil::random_tokens;
 
 // All-position logits, fed `step` tokens per forward call (step <= 0: one shot).
 std::vector<float> run(Model& m, const std::vector<int32_t>& tok, int64_t step) {
