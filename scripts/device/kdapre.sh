@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# scripts/device/kdapre.sh: helper kdapre's entry in the coordinator's combined device call (100 s budget).
+# Runs the carried bench_kda binaries (correctness vs fp64 first, then timings), then the peer fla's
+# chunk_kda / fused_recurrent_kda (bench_fla.py) in the time left, with the Triton cache carried in
+# .carry/dev/kdapre/triton.tar.xz (and sent back, refreshed, so later calls skip fla's ~70 s compile/autotune).
+# At most 3 files in $OUT/kdapre: run.log, kda_cuda.jsonl, triton.tar.xz.
+#
+#   here:   bash scripts/device/kdapre.sh --pack BUILD   (BUILD/bench/bench_kda* + COMMIT into .carry/dev/kdapre)
+#   device: bash scripts/device/kdapre.sh                (BINS="bench_kda ..." picks binaries; BUDGET=100)
+set -uo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$here"
+C=.carry/dev/kdapre
+if [ "${1:-}" = "--pack" ]; then  # runs HERE
+  build=${2:?build dir}
+  mkdir -p "$C"
+  rm -f "$C"/bench_kda*
+  for b in "$build"/bench/bench_kda*; do cp "$b" "$C/" && strip -s "$C/$(basename "$b")"; done
+  git rev-parse --short HEAD >"$C/COMMIT"
+  du -sh "$C"
+  exit 0
+fi
+budget=${BUDGET:-100}
+out=${OUT:-/tmp/kdapre_out}/kdapre
+tmp=/tmp/kdapre_run
+mkdir -p "$out" "$tmp"
+export PYTHONUNBUFFERED=1
+t0=$SECONDS
+left() { echo $((budget - 6 - (SECONDS - t0))); }
+commit=$(cat "$C/COMMIT" 2>/dev/null || echo unknown)
+{
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+  for name in ${BINS:-$(cd "$C" && ls bench_kda* 2>/dev/null)}; do
+    echo "== $name (t=$((SECONDS - t0)) s)"
+    timeout "${OURS_TIMEOUT:-30}" "$C/$name" "$tmp/ours_$name.json" "${MODE:-all}" 2>&1 | grep -v conv_mismatch
+  done
+  if [ "${FLA:-1}" != 0 ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      "$C"/whl/*.whl && export PYTHONPATH=/tmp/site
+    export TRITON_CACHE_DIR=/tmp/kdapre_triton TRITON_CACHE_AUTOTUNING=1
+    mkdir -p "$TRITON_CACHE_DIR"
+    [ -f "$C/triton.tar.xz" ] && tar -xJf "$C/triton.tar.xz" -C "$TRITON_CACHE_DIR"
+    echo "== fla (t=$((SECONDS - t0)) s, $(($(left) - 4)) s left, cache $(du -sh "$TRITON_CACHE_DIR" | cut -f1))"
+    [ "$(left)" -gt 14 ] && timeout "$(($(left) - 4))" python3 bench/kda_cuda/bench_fla.py "$tmp/fla.json" 2>&1
+    tar -cJf "$out/triton.tar.xz" -C "$TRITON_CACHE_DIR" . && ls -la "$out/triton.tar.xz"
+  fi
+  [ -s "$tmp/fla.json" ] || echo '{}' >"$tmp/fla.json"
+  for f in "$tmp"/ours_*.json; do
+    [ -e "$f" ] || continue
+    v=$(basename "$f" .json)
+    v=${v#ours_}
+    echo "== report $v"
+    python3 bench/kda_cuda/report.py "$f" "$tmp/fla.json" "$commit" "NVIDIA H200" "$v" >>"$out/kda_cuda.jsonl"
+  done 2>&1
+  echo "fla json: $(cat "$tmp/fla.json")"
+  echo "== done (t=$((SECONDS - t0)) s)"
+} >"$out/run.log" 2>&1
+tail -c 3000 "$out/run.log"
