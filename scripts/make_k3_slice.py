@@ -13,13 +13,18 @@ never produced by it, the model vocabulary stays 163840).
 Weights (sane scales, activations stay finite): linears uniform with std 1/sqrt(in) in bf16 (fp32 uniform
 bits truncated to bf16: fast); norms 1; MXFP4 bytes uniform random (E2M1 rms 2.93) with E8M0 scales
 2^-8 or 2^-7 (bytes 119-120), about std 0.016 = 1/sqrt(3584); A_log, dt_bias, conv, o_norm and the router
-bias fp32 as MODEL.md says. Deterministic per tensor (--seed). Written in parallel (--jobs processes,
-each pwrite()s its tensors in place).
+bias fp32 as MODEL.md says. Deterministic (--seed). Written in parallel (--jobs processes, each pwrite()s its
+tensors in place). Fast by default: every tensor over 64 KiB with a random initializer is a rotated window
+(offset from a hash of its name) of a 16 MiB pool of values drawn once per initializer, so writing is a memory
+copy (the distribution is the same; only bytes 16 MiB apart repeat). --exact draws every tensor on its own.
+--like DIR (with --dsa) makes the K3.1 variant next to a K3 slice DIR of the same shape: the shards holding
+tensors both have are symlinked and only the indexer tensors are written.
 
   python3 scripts/make_k3_slice.py --out /tmp/slice                 # 4 layers, 896 experts (~57 GB)
   python3 scripts/make_k3_slice.py --out /tmp/slice31 --dsa         # K3.1: the MLA layer runs DSA
   python3 scripts/make_k3_slice.py --out /tmp/s --experts 32        # ~11 GB
   python3 scripts/make_k3_slice.py --out /tmp/s --tiny              # toy widths, same code path (CI)
+  python3 scripts/make_k3_slice.py --out /dev/shm/s31 --dsa --like /dev/shm/s   # K3.1 from a K3 slice
 """
 import argparse
 import json
@@ -36,7 +41,10 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ST = {"F32": 4, "BF16": 2, "U8": 1}
-BLOCK = 1 << 26  # elements generated per step of a large tensor
+BLOCK = 1 << 26  # elements generated per step of a large tensor (--exact)
+POOL = 1 << 24  # bytes of one initializer's value pool
+POOL_MIN = 1 << 16  # tensors at least this large come from a pool (unless --exact)
+POOLS = {}  # (dtype, init) -> bytes; made in the parent before the workers fork
 
 
 # ---------------------------------------------------------------- config
@@ -180,12 +188,36 @@ def generate(rng, dt, n, ini):
     return (x.view(np.uint32) >> 16).astype(np.uint16).tobytes()  # bf16 by truncation
 
 
+def pool_key(dt, numel, ini, exact):
+    if exact or numel * ST[dt] < POOL_MIN or ini[0] not in ("bytes", "scale", "uniform"):
+        return None
+    return (dt, ini)
+
+
+def make_pools(specs, seed, exact):
+    for _name, dt, shape, ini in specs:
+        k = pool_key(dt, int(np.prod(shape)), ini, exact)
+        if k is not None and k not in POOLS:
+            rng = np.random.default_rng([seed, zlib.crc32(repr(k).encode())])
+            POOLS[k] = generate(rng, dt, POOL // ST[dt], ini)
+
+
 def write_job(job):
-    """job: (path, [(offset, name, dtype, numel, init, seed)]): pwrite each tensor in blocks."""
-    path, items = job
+    """job: (path, exact, [(offset, name, dtype, numel, init, seed)]): pwrite each tensor in blocks."""
+    path, exact, items = job
     fd = os.open(path, os.O_WRONLY)
     try:
-        for off, _name, dt, numel, ini, seed in items:
+        for off, name, dt, numel, ini, seed in items:
+            k = pool_key(dt, numel, ini, exact)
+            if k is not None:  # a rotated window of the pool, repeated
+                pool, es = memoryview(POOLS[k]), ST[dt]
+                pos, nb, p0 = 0, numel * es, (zlib.crc32(name.encode()) % (POOL // es)) * es
+                while pos < nb:
+                    a = (p0 + pos) % POOL
+                    n = min(POOL - a, nb - pos)
+                    os.pwrite(fd, pool[a : a + n], off + pos)
+                    pos += n
+                continue
             rng = np.random.default_rng(seed)
             done = 0
             step = numel if ini[0] == "a_log" else BLOCK
@@ -197,6 +229,22 @@ def write_job(job):
     finally:
         os.close(fd)
     return sum(numel * ST[dt] for _, _, dt, numel, _, _ in items)
+
+
+def reuse_shards(like, specs):
+    """Tensors of the K3 slice `like` that the new checkpoint shares: {name: file}, checked by dtype and shape."""
+    idx = json.loads((like / "model.safetensors.index.json").read_text())["weight_map"]
+    headers = {}
+    for f in set(idx.values()):
+        with open(like / f, "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            headers[f] = json.loads(fh.read(n))
+    shared = {}
+    for name, dt, shape, _ in specs:
+        f = idx.get(name)
+        if f and headers[f][name]["dtype"] == dt and headers[f][name]["shape"] == shape:
+            shared[name] = f
+    return shared
 
 
 # ---------------------------------------------------------------- layout and main
@@ -225,6 +273,8 @@ def main():
     ap.add_argument("--shard-gb", type=float, default=5.0)
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--exact", action="store_true", help="draw every tensor on its own (slow; no value pools)")
+    ap.add_argument("--like", default="", help="a K3 slice of the same shape: symlink the shards it shares")
     a = ap.parse_args()
     if a.tiny and not a.experts:
         a.experts = 32
@@ -238,9 +288,21 @@ def main():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    weight_map, total = {}, 0
+    if a.like:  # the shared tensors stay in the K3 slice's shards (symlinked), the rest go to new ones
+        like = pathlib.Path(a.like).resolve()
+        shared = reuse_shards(like, specs)
+        for f in sorted(set(shared.values())):
+            os.symlink(like / f, out / f)
+            with open(like / f, "rb") as fh:
+                total += os.path.getsize(like / f) - 8 - struct.unpack("<Q", fh.read(8))[0]
+        weight_map.update(shared)
+        specs = [sp for sp in specs if sp[0] not in shared]
+    make_pools(specs, a.seed, a.exact)
     shards = plan_shards(specs, int(a.shard_gb * 1e9))
-    files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    jobs, weight_map, total = [], {}, 0
+    stem = "model-extra" if a.like else "model"
+    files = [f"{stem}-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    jobs, written_total = [], 0
     for fname, part in zip(files, shards):
         part = sorted(part, key=lambda sp: -ST[sp[1]])  # by element size: every tensor aligned
         header, off = {"__metadata__": {"format": "pt"}}, 0
@@ -262,23 +324,24 @@ def main():
             items.append((base + header[name]["data_offsets"][0], name, dt, n, ini, seed))
             size += n * ST[dt]
             if size >= 1 << 28:
-                jobs.append((path, items))
+                jobs.append((path, a.exact, items))
                 items, size = [], 0
         if items:
-            jobs.append((path, items))
+            jobs.append((path, a.exact, items))
         total += off
+        written_total += off
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     tok = ROOT / "tests" / "data" / "tokenizer-tiny-k3"
     for f in ("tiktoken.model", "tokenizer_config.json"):
         shutil.copy(tok / f, out / f)
-    jobs.sort(key=lambda j: -sum(it[3] * ST[it[2]] for it in j[1]))  # largest first
-    with mp.Pool(max(1, a.jobs)) as pool:
+    jobs.sort(key=lambda j: -sum(it[3] * ST[it[2]] for it in j[2]))  # largest first
+    with mp.get_context("fork").Pool(max(1, a.jobs)) as pool:
         written = sum(pool.imap_unordered(write_job, jobs))
-    assert written == total, (written, total)
+    assert written == written_total, (written, written_total)
     dt = time.time() - t0
-    print(f"{out}: {len(specs)} tensors, {total / 1e9:.2f} GB in {len(files)} shard(s), "
-          f"{dt:.1f} s ({total / 1e9 / max(dt, 1e-9):.2f} GB/s)")
+    print(f"{out}: {len(weight_map)} tensors, {total / 1e9:.2f} GB, {written / 1e9:.2f} GB written in "
+          f"{len(files)} shard(s), {dt:.1f} s ({written / 1e9 / max(dt, 1e-9):.2f} GB/s)")
 
 
 if __name__ == "__main__":
