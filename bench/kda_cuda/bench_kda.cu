@@ -467,6 +467,15 @@ int main(int argc, char** argv) {
     check_decode(1, ctx);
     check_decode(64, ctx);
   }
+  if (only == "decode") {  // decode only: checks, then times (helper kdadec's device script)
+    check_decode(1, ctx);
+    check_decode(64, ctx);
+    const double copy = copy_bandwidth();
+    for (int rep = 0; rep < 2; ++rep) {  // twice: the spread between the two is the noise
+      time_decode(1, copy, ctx);
+      time_decode(64, copy, ctx);
+    }
+  }
   if (only == "all" || only == "time" || only == "quick") {
     const double copy = copy_bandwidth();
     time_prefill("T2048", {2048}, 20, ctx);

@@ -64,6 +64,20 @@ struct KdaDecodeParams {
   float* S = nullptr;              // [n_slot, n_head, d_k, d_v] fp32, updated in place
   uint16_t* conv = nullptr;        // [n_slot, 3, 3, n_head * d_k] bf16 last 3 pre-conv inputs, oldest first
   uint16_t* out = nullptr;         // [n_seq, n_head * d_v] bf16 gated-norm output (the o_proj input)
+  // KL's gate form g = -exp(A_log_h) softplus(f + dt_bias) instead of g_lower sigmoid(exp(A_log_h) (f + dt_bias)).
+  bool softplus_gate = false;
+  // Per-sequence state pointers instead of S / conv + slot (device arrays [n_seq] of device pointers): sequence
+  // b's state is S_seq[b] [n_head, d_k, d_v] and its window conv_seq[b] [3, 3, n_head * d_k] (the GPU model,
+  // whose sequences own separate allocations). Both or neither; then slot, S and conv may be null.
+  float* const* S_seq = nullptr;
+  uint16_t* const* conv_seq = nullptr;
+  // Optional intermediates (nullptr: not written), fp32 [n_seq, ...] rows: the traced names of model/kda.cpp.
+  float* q_out = nullptr;     // [n_seq, n_head * d_k] q^ = l2norm(q) d_k^-1/2
+  float* k_out = nullptr;     // [n_seq, n_head * d_k] k^
+  float* v_out = nullptr;     // [n_seq, n_head * d_v] v (bf16 values)
+  float* g_out = nullptr;     // [n_seq, n_head * d_k] log-decay g
+  float* beta_out = nullptr;  // [n_seq, n_head] beta
+  float* o_out = nullptr;     // [n_seq, n_head * d_v] bf16(S^T q), before the gated norm
 };
 
 // Checks the shape (the only one served: d_k = d_v = 128) and enqueues the kernel.

@@ -63,8 +63,9 @@ Status kda_decode_fast_check(const KdaDecodeParams& p) {
     return error(Code::unsupported, what + "unsupported shape " + shape_of(p.n_head, p.d_k, p.d_v) +
                                         " (only d_k = d_v = 128; use kda_recurrent_cuda)");
   if (p.n_seq <= 0) return error(Code::invalid_argument, what + "bad batch n_seq=" + std::to_string(p.n_seq));
-  if (!p.qkv || !p.conv_w || !p.f || !p.dt_bias || !p.A_log || !p.b || !p.gate || !p.o_norm || !p.slot ||
-      !p.S || !p.conv || !p.out)
+  const bool per_seq = p.S_seq && p.conv_seq, slots = p.slot && p.S && p.conv;
+  if (!p.qkv || !p.conv_w || !p.f || !p.dt_bias || !p.A_log || !p.b || !p.gate || !p.o_norm || !p.out ||
+      !(per_seq || slots))
     return error(Code::invalid_argument,
                  what + "a required pointer is null (" + shape_of(p.n_head, p.d_k, p.d_v) + ")");
   return ok_status();
@@ -99,8 +100,8 @@ void kda_decode_fast_ref(const KdaDecodeParams& p) {
   const int H = p.n_head, K = p.d_k, V = p.d_v, HK = H * K;
   std::vector<double> S(size_t(K) * V), x(size_t(3) * HK), o(static_cast<size_t>(V));
   for (int b = 0; b < p.n_seq; ++b) {
-    const int slot = p.slot[b];
-    uint16_t* win = p.conv + size_t(slot) * 3 * 3 * HK;  // [3 (q,k,v)][3 (time)][HK]
+    const int slot = p.S_seq ? 0 : p.slot[b];
+    uint16_t* win = p.conv_seq ? p.conv_seq[b] : p.conv + size_t(slot) * 3 * 3 * HK;  // [3 (q,k,v)][3][HK]
     // Short conv over the window + the current input, SiLU, bf16; then roll the window.
     for (int m = 0; m < 3; ++m)
       for (int c = 0; c < HK; ++c) {
@@ -133,10 +134,19 @@ void kda_decode_fast_ref(const KdaDecodeParams& p) {
       const double A = std::exp(double(p.A_log[h]));
       for (int a = 0; a < K; ++a) {
         const double z = bf(p.f[size_t(b) * HK + size_t(h) * K + a]) + double(p.dt_bias[size_t(h) * K + a]);
-        g[size_t(a)] = double(p.g_lower) / (1.0 + std::exp(-A * z));
+        g[size_t(a)] = p.softplus_gate ? -A * (z > 20 ? z : std::log1p(std::exp(z)))
+                                       : double(p.g_lower) / (1.0 + std::exp(-A * z));
       }
       const double beta = 1.0 / (1.0 + std::exp(-bf(p.b[size_t(b) * H + h])));
-      float* Sh = p.S + (size_t(slot) * H + h) * K * V;
+      float* Sh = (p.S_seq ? p.S_seq[b] : p.S + size_t(slot) * H * K * V) + size_t(h) * K * V;
+      const size_t rk = size_t(b) * HK + size_t(h) * K;
+      for (int a = 0; a < K; ++a) {  // the optional intermediates (v: V = K here)
+        if (p.q_out) p.q_out[rk + a] = float(q[a]);
+        if (p.k_out) p.k_out[rk + a] = float(k[a]);
+        if (p.v_out) p.v_out[rk + a] = float(v[a]);
+        if (p.g_out) p.g_out[rk + a] = float(g[size_t(a)]);
+      }
+      if (p.beta_out) p.beta_out[size_t(b) * H + h] = float(beta);
       for (size_t i = 0; i < S.size(); ++i) S[i] = double(Sh[i]);
       step(S, K, V, q, k, v, g.data(), beta, o.data());
       for (size_t i = 0; i < S.size(); ++i) Sh[i] = float(S[i]);
@@ -144,6 +154,7 @@ void kda_decode_fast_ref(const KdaDecodeParams& p) {
       for (int c = 0; c < V; ++c) {
         o[size_t(c)] = double(round_bf16(float(o[size_t(c)])));
         ms += o[size_t(c)] * o[size_t(c)];
+        if (p.o_out) p.o_out[size_t(b) * H * V + size_t(h) * V + c] = float(o[size_t(c)]);
       }
       const double r = 1.0 / std::sqrt(ms / V + double(p.eps));
       for (int c = 0; c < V; ++c) {
