@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# scripts/device/slice.sh: helper slice's entry in the coordinator's combined device call (budget in
+# /tmp/devq/slice). The K3 slice (scripts/make_k3_slice.py: K3's full per-layer widths, 4 layers) made on
+# the device in /dev/shm, GPU = CPU checks on it, then the decode bench (bench/slice). Builds nothing.
+# Writes $OUT/slice/run.log and $OUT/slice/slice.jsonl; removes everything it put in /dev/shm.
+#
+#   here:   bash scripts/device/slice.sh --pack BUILD    (k3, bench_slice, k3_tests, COMMIT -> .carry/dev/slice)
+#   device: bash scripts/device/slice.sh                  (SLICE_EXPERTS=896 by default, SLICE_STEPS=...)
+set -uo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$here"
+dst=.carry/dev/slice
+if [ "${1:-}" = "--pack" ]; then  # runs HERE
+  build=${2:?build dir}
+  rm -rf "$dst" && mkdir -p "$dst"
+  for f in k3 bench_slice tests/k3_tests; do
+    [ -x "$build/$f" ] && cp "$build/$f" "$dst/" && strip -s "$dst/$(basename "$f")"
+  done
+  git rev-parse --short HEAD >"$dst/COMMIT"
+  env | grep -E '^SLICE_[A-Z_]+=' >"$dst/CONFIG" || true  # SLICE_* settings travel with the binaries
+  if [ "$(du -sb "$dst" | cut -f1)" -gt 6000000 ]; then
+    (cd "$dst" && tar cJf bin.tar.xz k3 bench_slice k3_tests 2>/dev/null; rm -f k3 bench_slice k3_tests)
+  fi
+  du -sh "$dst"; ls -la "$dst"
+  exit 0
+fi
+out=${OUT:-/tmp/slice_out}/slice
+mkdir -p "$out"
+B=$here/$dst
+set -a; [ -f "$B/CONFIG" ] && . "$B/CONFIG"; set +a
+[ -f "$B/bin.tar.xz" ] && (cd "$B" && tar xJf bin.tar.xz)
+cuda_libs=$(dirname "$(find /usr/local/cuda*/ -name 'libcublas.so.13*' 2>/dev/null | head -1)" 2>/dev/null)
+export LD_LIBRARY_PATH="${cuda_libs:-/usr/local/cuda/lib64}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+S=/dev/shm/k3slice
+cleanup() { rm -rf "$S"; }
+trap cleanup EXIT
+t0=$SECONDS
+el() { echo "t=$((SECONDS - t0)) s"; }
+commit=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
+E=${SLICE_EXPERTS:-896}
+{
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used,memory.total --format=csv,noheader
+  nproc; free -g | head -2; df -h /dev/shm | tail -1
+  python3 -c "import numpy; print('numpy', numpy.__version__)"
+  echo "== generate K3 slice, $E experts ($(el))"
+  rm -rf "$S" && mkdir -p "$S"
+  timeout 60 python3 scripts/make_k3_slice.py --out "$S/k3" ${SLICE_TINY:+--tiny} --experts "$E" --jobs "$(nproc)" 2>&1 | tail -3
+  echo "rc=$? $(el); du: $(du -sbL "$S/k3" 2>/dev/null | cut -f1) bytes"
+  echo "== K3.1 variant (--like) ($(el))"
+  timeout 20 python3 scripts/make_k3_slice.py --out "$S/k31" ${SLICE_TINY:+--tiny} --experts "$E" --dsa --like "$S/k3" 2>&1 | tail -3
+  echo "rc=$? $(el)"
+  toks=1,2,3,100,1000,517,1023,42
+  for m in ${SLICE_MODELS:-k3 k31}; do
+    echo "== $m: k3 logits fp32 cuda vs cpu, 8 tokens ($(el))"
+    /usr/bin/time -f "cuda: %e s wall, %M KB max RSS" timeout 60 "$B/k3" logits -m "$S/$m" --tokens $toks \
+      --device cuda -o "$S/${m}_cuda.npy" 2>&1 | tail -3
+    /usr/bin/time -f "cpu: %e s wall, %M KB max RSS" timeout 60 "$B/k3" logits -m "$S/$m" --tokens $toks \
+      --device cpu -o "$S/${m}_cpu.npy" 2>&1 | tail -3
+    python3 - "$S/${m}_cuda.npy" "$S/${m}_cpu.npy" <<'EOF'
+import sys, numpy as np
+a, b = np.load(sys.argv[1]).astype(np.float64), np.load(sys.argv[2]).astype(np.float64)
+print(f"logits {a.shape}: NMSE(cuda, cpu) = {((a - b) ** 2).sum() / (b ** 2).sum():.3e}, std {b.std():.3f}")
+EOF
+    rm -f "$S/${m}_cuda.npy" "$S/${m}_cpu.npy"
+  done
+  if [ -x "$B/bench_slice" ]; then
+    echo "== bench_slice ($(el))"
+    timeout "${SLICE_BENCH_S:-60}" "$B/bench_slice" -m "$S/k3" -m31 "$S/k31" --jsonl "$out/slice.jsonl" \
+      --commit "$commit" 2>&1
+    echo "rc=$? $(el)"
+  fi
+  if [ "${SLICE_GEN_FULL:-0}" = 1 ]; then  # the 896-expert generation rate, cut at the budget
+    rm -rf "$S" && mkdir -p "$S"
+    left=$(( ${SLICE_BUDGET:-45} - (SECONDS - t0) - 8 ))
+    echo "== generate the full slice (896 experts), ${left} s allowed ($(el))"
+    [ "$left" -gt 3 ] && timeout "$left" python3 scripts/make_k3_slice.py --out "$S/full" --jobs "$(nproc)" 2>&1 | tail -2
+    echo "rc=$? $(el); written: $(du -sb "$S/full" 2>/dev/null | cut -f1) bytes (of 57.6e9)"
+    rm -rf "$S"; echo "removed $(el)"
+  fi
+  echo "== done ($(el))"
+} >"$out/run.log" 2>&1
+tail -c 3000 "$out/run.log"
