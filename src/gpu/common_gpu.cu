@@ -88,6 +88,13 @@ Status DevBuf::alloc_bytes(const GpuCtx& c, size_t bytes) {
   release();
   s_ = c.stream();
   if (bytes == 0) bytes = 4;
+  if (c.arena) {
+    const size_t mark = c.arena->used();
+    Result<void*> r = c.arena->alloc_bytes(bytes);
+    if (!r.ok()) return r.status();
+    p_ = r.value(), n_ = bytes, arena_ = c.arena, mark_ = mark;
+    return ok_status();
+  }
   const cudaError_t e = cudaMallocAsync(&p_, bytes, s_);
   if (e != cudaSuccess) {
     cudaGetLastError();
@@ -100,7 +107,13 @@ Status DevBuf::alloc_bytes(const GpuCtx& c, size_t bytes) {
 }
 
 void DevBuf::release() {
-  if (p_) cudaFreeAsync(p_, s_);
+  if (p_ && arena_) {  // stack order frees; a block freed out of order stays until the step's reset
+    if (arena_->used() == size_t(static_cast<char*>(p_) - static_cast<char*>(arena_->base())) + n_)
+      arena_->release(mark_);
+    arena_ = nullptr;
+  } else if (p_) {
+    cudaFreeAsync(p_, s_);
+  }
   p_ = nullptr;
   n_ = 0;
 }

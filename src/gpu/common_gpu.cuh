@@ -5,7 +5,9 @@
 //   cb(...)     copies a named intermediate to the host for the trace hook (only when one is set, or in
 //               debug builds, where every traced activation is also checked for NaN/Inf like the CPU)
 //   linear      y[n_tok, out] = x W^T (ops/linear.h, cuBLAS / MXFP4 kernels), then the bf16 rounding point
-//   DevBuf      stream-ordered device scratch (cudaMallocAsync / cudaFreeAsync), freed at scope end
+//   DevBuf      stream-ordered device scratch (cudaMallocAsync / cudaFreeAsync), freed at scope end; from
+//               GpuCtx::arena instead when one is set (CUDA-graph steps: no allocation inside a capture,
+//               the same addresses at every replay; freed in stack order)
 //
 // Activations are fp32 on the device in both modes; in bf16 mode they hold bf16-representable values at
 // the same rounding points as the CPU model (model/*.cpp `c.rnd` calls), so GPU = CPU can be checked name
@@ -22,6 +24,7 @@
 
 #include "core/cuda_check.h"
 #include "core/gpu.h"
+#include "gpu/arena.h"
 #include "model/common.h"
 #include "ops/linear.h"
 #include "ops/precision.h"
@@ -44,6 +47,7 @@ struct GpuCtx {
   const TraceFn* trace = nullptr;
   Status* guard = nullptr;             // first non-finite traced activation (debug builds)
   std::vector<float>* host = nullptr;  // staging buffer for cb
+  DeviceArena* arena = nullptr;        // set: DevBuf scratch comes from here (model_gpu.cu graph steps)
 
   bool bf16() const { return prec == Precision::bf16; }
   cudaStream_t stream() const { return g->stream; }
@@ -58,9 +62,12 @@ class DevBuf {
   ~DevBuf() { release(); }
   DevBuf(const DevBuf&) = delete;
   DevBuf& operator=(const DevBuf&) = delete;
-  DevBuf(DevBuf&& o) noexcept : p_(o.p_), n_(o.n_), s_(o.s_) { o.p_ = nullptr, o.n_ = 0; }
+  DevBuf(DevBuf&& o) noexcept : p_(o.p_), n_(o.n_), s_(o.s_), arena_(o.arena_), mark_(o.mark_) {
+    o.p_ = nullptr, o.n_ = 0;
+  }
   DevBuf& operator=(DevBuf&& o) noexcept {
-    if (this != &o) release(), p_ = o.p_, n_ = o.n_, s_ = o.s_, o.p_ = nullptr, o.n_ = 0;
+    if (this != &o)
+      release(), p_ = o.p_, n_ = o.n_, s_ = o.s_, arena_ = o.arena_, mark_ = o.mark_, o.p_ = nullptr, o.n_ = 0;
     return *this;
   }
   Status alloc(const GpuCtx& c, int64_t n_float) { return alloc_bytes(c, size_t(n_float) * 4); }
@@ -77,6 +84,8 @@ class DevBuf {
   void* p_ = nullptr;
   size_t n_ = 0;
   cudaStream_t s_ = nullptr;
+  DeviceArena* arena_ = nullptr;  // from an arena: release pops it when it is the last block
+  size_t mark_ = 0;               // the arena's used() before this block
 };
 
 // y = W x (+ the bf16 rounding point unless `round` is false). ldx/ldy: row strides (0 = dense). In bf16 mode
