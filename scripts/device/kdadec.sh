@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# scripts/device/kdadec.sh: helper kdadec's entry in the coordinator's combined device call (BUDGET s, 45-75).
+# Correctness first, then timings:
+#   1. bench_kda* decode mode (each binary a build variant of src/ops/kda_fast_decode.cu): the fused decode
+#      step against the fp64 reference at b = 1 and 64 (out, state, conv window), then b = 1 / 64 timings
+#      twice, with the 2 GiB device copy of the same run;
+#   2. k3_tests (when packed): the GPU model with the fast KDA kernels vs the CPU (GpuKdaFast*), the GPU
+#      model tests of the tiny checkpoints (GpuModel*);
+#   3. k3 (when packed, and time is left): a KL-48B-width 4-layer checkpoint made here by
+#      scripts/make_width_checkpoints.py, `k3 bench --device cuda --precision bf16` (decode per step, prefill
+#      tokens/s, ratio to the byte floor) appending JSON lines.
+# Files in $OUT/kdadec: run.log (everything), results.jsonl (bench JSON lines).
+#
+#   here:   bash scripts/device/kdadec.sh --pack BUILD   (BUILD/bench/bench_kda*, BUILD/k3_tests, BUILD/k3 ->
+#           .carry/dev/kdadec/pack.tar.xz + COMMIT)
+#   device: bash scripts/device/kdadec.sh                (BUDGET=45 by default)
+set -uo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$here"
+C=.carry/dev/kdadec
+if [ "${1:-}" = "--pack" ]; then  # runs HERE
+  build=${2:?build dir}
+  rm -rf "$C" /tmp/kdadec_pack && mkdir -p "$C" /tmp/kdadec_pack
+  for f in "$build"/bench/bench_kda* ${PACK_TESTS:+"$build/k3_tests"} ${PACK_K3:+"$build/k3"}; do
+    [ -x "$f" ] && cp "$f" /tmp/kdadec_pack/ && strip -s "/tmp/kdadec_pack/$(basename "$f")"
+  done
+  tar -cJf "$C/pack.tar.xz" -C /tmp/kdadec_pack .
+  git rev-parse --short HEAD >"$C/COMMIT"
+  ls -la "$C"
+  exit 0
+fi
+budget=${BUDGET:-45}
+out=${OUT:-/tmp/kdadec_out}/kdadec
+B=/tmp/kdadec_bin
+mkdir -p "$out" "$B"
+t0=$SECONDS
+left() { echo $((budget - 3 - (SECONDS - t0))); }
+commit=$(cat "$C/COMMIT" 2>/dev/null || echo unknown)
+cuda_libs=$(dirname "$(find /usr/local/cuda*/ -name 'libcublas.so.13*' 2>/dev/null | head -1)" 2>/dev/null)
+export LD_LIBRARY_PATH="${cuda_libs:-/usr/local/cuda/lib64}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+# The tests find models/ through the source dir compiled in (/work/main): make it exist.
+[ -e /work/main ] || { mkdir -p /work && ln -s "$here" /work/main; }
+{
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+  tar -xJf "$C/pack.tar.xz" -C "$B" && ls "$B"
+  echo "commit $commit"
+  for name in $(cd "$B" && ls bench_kda* 2>/dev/null); do
+    echo "== $name decode (t=$((SECONDS - t0)) s)"
+    timeout "$(($(left) < 14 ? $(left) : 14))" "$B/$name" "/tmp/kdadec_$name.json" decode 2>&1
+    echo "rc=$?"
+    python3 - "/tmp/kdadec_$name.json" "$name" "$commit" >>"$out/results.jsonl" <<'EOF' || true
+import json, sys
+d = json.load(open(sys.argv[1]))
+copy = d.get("copy_GBps", [None])[0]
+for k, (v, unit) in d.items():
+    if k.startswith("decode_b"):
+        goal = {"decode_b1_us": 8.0, "decode_b64_state_frac_of_copy": 0.9}.get(k)
+        met = None if goal is None else (v <= goal if k.endswith("_us") else v >= goal)
+        print(json.dumps({"bench": "kda_cuda", "commit": sys.argv[3], "machine": "NVIDIA H200",
+                          "variant": sys.argv[2], "metric": k, "value": v, "unit": unit, "peer": "copy",
+                          "peer_value": copy, "ratio": None, "goal": goal, "met": met}))
+EOF
+  done
+  if [ -x "$B/k3_tests" ] && [ "$(left)" -gt 10 ]; then
+    echo "== k3_tests GPU model (t=$((SECONDS - t0)) s)"
+    timeout "$(($(left) < 40 ? $(left) : 40))" "$B/k3_tests" --gtest_filter="${TESTS:-GpuKdaFast*:GpuModel*}" \
+      --gtest_brief=1 2>&1 | tail -40
+  fi
+  if [ -x "$B/k3" ] && [ "$(left)" -gt 25 ] && python3 -c "import ml_dtypes" 2>/dev/null; then
+    echo "== kl48-w4 (t=$((SECONDS - t0)) s)"
+    timeout "$(($(left) - 15))" python3 scripts/make_width_checkpoints.py --family kl --out /tmp/kl48-w4 2>&1 | tail -2
+    echo "== k3 bench cuda (t=$((SECONDS - t0)) s)"
+    [ -f /tmp/kl48-w4/config.json ] && timeout "$(left)" "$B/k3" bench -m /tmp/kl48-w4 -p 512 -n 16 -b 1,8 -r 2 \
+      --bw-mb 64 --precision bf16 --device cuda --jsonl "$out/results.jsonl" --bench gpu_model 2>&1 | tail -20
+  fi
+  echo "== done (t=$((SECONDS - t0)) s)"
+} >"$out/run.log" 2>&1
+tail -c 3000 "$out/run.log"
