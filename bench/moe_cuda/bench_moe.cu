@@ -1,0 +1,364 @@
+// bench_moe.cu: the routed MXFP4 experts (ops/moe_experts.h) and the router selection (ops/moe_route.h) on one
+// GPU at K3's shapes (d_in 3584, d_ff 3072, 896 experts, 16 active), against the peers measured in the same run.
+//
+//   bench_moe [OUT.jsonl] [COMMIT]
+// 1. peers: cudaMemcpy D2D of 2 GiB (copy GB/s = read + write bytes / time); cuBLAS bf16 GEMM 8192^3 with
+//    fp32 accumulation (TFLOP/s).
+// 2. correctness: small odd shapes (both paths) and K3 shapes (decode batch 1 and 2 tokens of a 4096-token
+//    prefill) against the fp64 host reference moe_experts_ref; moe_route against moe_route_ref.
+// 3. timing (CUDA events, median of 10 after 2 warm-ups): decode batch 1, 8, 64 (MoE byte floor = the active
+//    experts' MXFP4 bytes / copy GB/s); prefill 4096 and 8192 tokens (useful TFLOP/s vs the cuBLAS rate);
+//    routing at batch 1, 64, 4096.
+// Build: bash bench/moe_cuda/build.sh.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "ops/moe_experts.h"
+#include "ops/moe_route.h"
+
+#define CK(call)                                                                                           \
+  do {                                                                                                     \
+    cudaError_t e_ = (call);                                                                               \
+    if (e_ != cudaSuccess) {                                                                               \
+      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                                        \
+    }                                                                                                      \
+  } while (0)
+
+using namespace k3;
+
+namespace {
+
+std::string g_out, g_commit = "unknown", g_machine = "NVIDIA H200";
+int g_fail = 0;
+
+void emit(const std::string& metric, double value, const std::string& unit, const char* peer = nullptr,
+          double peer_value = 0, const char* goal = nullptr, bool met = false) {
+  char line[1024];
+  const double ratio = peer ? value / peer_value : 0;
+  std::snprintf(line, sizeof line,
+                "{\"bench\": \"moe_cuda\", \"commit\": \"%s\", \"machine\": \"%s\", \"metric\": \"%s\", "
+                "\"value\": %.6g, \"unit\": \"%s\", \"peer\": %s%s%s, \"peer_value\": %s, \"ratio\": %s, "
+                "\"goal\": %s%s%s, \"met\": %s}",
+                g_commit.c_str(), g_machine.c_str(), metric.c_str(), value, unit.c_str(), peer ? "\"" : "",
+                peer ? peer : "null", peer ? "\"" : "", peer ? std::to_string(peer_value).c_str() : "null",
+                peer ? std::to_string(ratio).c_str() : "null", goal ? "\"" : "", goal ? goal : "null",
+                goal ? "\"" : "", goal ? (met ? "true" : "false") : "null");
+  std::printf("%s\n", line);
+  std::fflush(stdout);
+  if (!g_out.empty())
+    if (FILE* f = std::fopen(g_out.c_str(), "a")) std::fprintf(f, "%s\n", line), std::fclose(f);
+}
+
+template <class F>
+double median_ms(cudaStream_t st, F&& f, int warm = 2, int reps = 10) {
+  for (int i = 0; i < warm; ++i) f();
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(e0, st));
+    f();
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    t.push_back(ms);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Random MXFP4 experts: bytes uniform, scales in [118, 123] (weights ~ 2^-7 .. 2^-2 magnitudes).
+__global__ void fill_kernel(uint8_t* p, size_t n, uint32_t seed, int lo, int span) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15, h *= 2246822519u, h ^= h >> 13, h *= 3266489917u, h ^= h >> 16;
+    p[i] = span ? uint8_t(lo + h % uint32_t(span)) : uint8_t(h);
+  }
+}
+
+struct Experts {  // E experts in one allocation, the table on the device and on the host
+  int E = 0, d_in = 0, d_ff = 0;
+  uint8_t* w = nullptr;
+  uint8_t* s = nullptr;
+  std::vector<MoeExpertPtrs> host;  // device pointers
+  MoeExpertPtrs* table = nullptr;
+  size_t w_bytes_per = 0, s_bytes_per = 0;
+  void make(int E_, int din, int dff, uint32_t seed) {
+    E = E_, d_in = din, d_ff = dff;
+    const size_t w13 = size_t(dff) * din / 2, w2 = size_t(din) * dff / 2;
+    const size_t s13 = size_t(dff) * din / 32, s2 = size_t(din) * dff / 32;
+    w_bytes_per = 2 * w13 + w2, s_bytes_per = 2 * s13 + s2;
+    CK(cudaMalloc(&w, w_bytes_per * E));
+    CK(cudaMalloc(&s, s_bytes_per * E));
+    fill_kernel<<<2048, 256>>>(w, w_bytes_per * E, seed, 0, 0);
+    fill_kernel<<<2048, 256>>>(s, s_bytes_per * E, seed * 7 + 1, 118, 6);
+    CK(cudaGetLastError());
+    host.resize(size_t(E));
+    for (int e = 0; e < E; ++e) {
+      uint8_t* we = w + w_bytes_per * e;
+      uint8_t* se = s + s_bytes_per * e;
+      host[size_t(e)] = {we, se, we + w13, se + s13, we + 2 * w13, se + 2 * s13};
+    }
+    CK(cudaMalloc(&table, sizeof(MoeExpertPtrs) * E));
+    CK(cudaMemcpy(table, host.data(), sizeof(MoeExpertPtrs) * E, cudaMemcpyHostToDevice));
+  }
+  size_t bytes_per_expert() const { return w_bytes_per + s_bytes_per; }
+  // host copies of the given experts (table with host pointers into `store`)
+  // host copies of the experts in `need` (the others stay null)
+  std::vector<MoeExpertPtrs> to_host(std::vector<std::vector<uint8_t>>& store, const std::set<int32_t>& need) const {
+    std::vector<MoeExpertPtrs> t(static_cast<size_t>(E));
+    store.assign(size_t(E), {});
+    for (int e : need) {
+      auto& b = store[size_t(e)];
+      b.resize(bytes_per_expert());
+      CK(cudaMemcpy(b.data(), w + w_bytes_per * e, w_bytes_per, cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(b.data() + w_bytes_per, s + s_bytes_per * e, s_bytes_per, cudaMemcpyDeviceToHost));
+      const size_t w13 = size_t(d_ff) * d_in / 2, s13 = size_t(d_ff) * d_in / 32;
+      uint8_t* wb = b.data();
+      uint8_t* sb = b.data() + w_bytes_per;
+      t[size_t(e)] = {wb, sb, wb + w13, sb + s13, wb + 2 * w13, sb + 2 * s13};
+    }
+    return t;
+  }
+};
+
+struct Routing {
+  std::vector<int32_t> sel;
+  std::vector<float> wt, z;
+};
+
+Routing make_routing(std::mt19937& rng, int64_t n_tok, int E, int k, int d_in) {
+  Routing r;
+  r.sel.resize(size_t(n_tok * k));
+  r.wt.resize(size_t(n_tok * k));
+  r.z.resize(size_t(n_tok * d_in));
+  std::vector<int32_t> ids(static_cast<size_t>(E));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    for (int j = 0; j < k; ++j) std::swap(ids[size_t(j)], ids[size_t(j) + rng() % size_t(E - j)]);
+    float sum = 0;
+    for (int j = 0; j < k; ++j) r.sel[size_t(t * k + j)] = ids[size_t(j)], sum += (r.wt[size_t(t * k + j)] = u(rng) + 0.05f);
+    for (int j = 0; j < k; ++j) r.wt[size_t(t * k + j)] /= sum;
+  }
+  for (float& v : r.z) v = round_bf16(nd(rng));
+  return r;
+}
+
+template <class T>
+T* up(const std::vector<T>& v) {
+  T* d = nullptr;
+  CK(cudaMalloc(&d, std::max<size_t>(1, v.size() * sizeof(T))));
+  CK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+struct Run {  // device buffers of one call
+  MoeExpertsParams p;
+  float *z = nullptr, *wt = nullptr, *y = nullptr;
+  int32_t* sel = nullptr;
+  void* scratch = nullptr;
+  Run(const Experts& ex, const Routing& r, int64_t n_tok, int k, MoePath path) {
+    z = up(r.z), wt = up(r.wt), sel = up(r.sel);
+    CK(cudaMalloc(&y, size_t(n_tok) * ex.d_in * 4));
+    p.n_tok = n_tok, p.n_expert = ex.E, p.k = k, p.d_in = ex.d_in, p.d_ff = ex.d_ff;
+    p.z = z, p.sel = sel, p.wt = wt, p.experts = ex.table, p.y = y, p.path = path;
+    CK(cudaMalloc(&scratch, moe_experts_scratch_bytes(p)));
+    p.scratch = scratch;
+  }
+  ~Run() { cudaFree(z), cudaFree(wt), cudaFree(y), cudaFree(sel), cudaFree(scratch); }
+};
+
+double nmse(const std::vector<float>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = double(a[i]) - ref[i];
+    num += std::isfinite(d) ? d * d : 1e30;
+    den += double(ref[i]) * ref[i];
+  }
+  return num / std::max(den, 1e-30);
+}
+
+// GPU vs reference on tokens [0, n_check)
+void check(const char* name, const Experts& ex, int64_t n_tok, int k, MoePath path, uint32_t seed, int64_t n_check,
+           GpuContext& g) {
+  std::mt19937 rng(seed);
+  Routing r = make_routing(rng, n_tok, ex.E, k, ex.d_in);
+  Run run(ex, r, n_tok, k, path);
+  moe_experts_cuda(run.p, g);
+  CK(cudaStreamSynchronize(g.stream));
+  std::vector<float> y(size_t(n_tok) * ex.d_in);
+  CK(cudaMemcpy(y.data(), run.y, y.size() * 4, cudaMemcpyDeviceToHost));
+  std::vector<std::vector<uint8_t>> store;
+  std::vector<MoeExpertPtrs> ht = ex.to_host(store, std::set<int32_t>(r.sel.begin(), r.sel.begin() + n_check * k));
+  MoeExpertsParams h = run.p;
+  h.n_tok = n_check, h.z = r.z.data(), h.sel = r.sel.data(), h.wt = r.wt.data(), h.experts = ht.data();
+  std::vector<float> yr(size_t(n_check) * ex.d_in);
+  h.y = yr.data();
+  moe_experts_ref(h);
+  y.resize(yr.size());
+  const double e = nmse(y, yr);
+  const bool ok = e <= 1e-5;
+  g_fail += !ok;
+  std::printf("check %-34s n_tok=%lld k=%d E=%d d_in=%d d_ff=%d path=%s: nmse %.3g %s\n", name, (long long)n_tok, k,
+              ex.E, ex.d_in, ex.d_ff, path == MoePath::decode ? "decode" : "prefill", e, ok ? "ok" : "FAIL");
+  std::fflush(stdout);
+}
+
+void check_route(int64_t n_tok, int E, int k, uint32_t seed, GpuContext& g) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 2.f);
+  const int64_t ld = E + 7;
+  std::vector<float> lg(static_cast<size_t>(n_tok * ld)), bias(static_cast<size_t>(E));
+  for (float& v : lg) v = nd(rng);
+  for (float& v : bias) v = 0.1f * nd(rng);
+  for (int64_t i = 0; i < n_tok * ld; i += 13) lg[size_t(i)] = lg[size_t(i / 2)];  // some ties
+  MoeRouteParams p;
+  p.n_tok = n_tok, p.n_expert = E, p.k = k, p.ld = ld, p.scaling = 2.5f;
+  std::vector<int32_t> sel(static_cast<size_t>(n_tok * k)), seld(sel.size());
+  std::vector<float> wt(sel.size()), wtd(sel.size());
+  p.logits = lg.data(), p.bias = bias.data(), p.sel = sel.data(), p.wt = wt.data();
+  moe_route_ref(p);
+  MoeRouteParams d = p;
+  d.logits = up(lg), d.bias = up(bias);
+  CK(cudaMalloc(&d.sel, sel.size() * 4));
+  CK(cudaMalloc(&d.wt, sel.size() * 4));
+  moe_route_cuda(d, g);
+  CK(cudaMemcpy(seld.data(), d.sel, sel.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(wtd.data(), d.wt, sel.size() * 4, cudaMemcpyDeviceToHost));
+  int64_t bad = 0;
+  for (size_t i = 0; i < sel.size(); ++i) bad += sel[i] != seld[i];
+  const double e = nmse(wtd, wt);
+  const bool ok = bad == 0 && e < 1e-10;
+  g_fail += !ok;
+  std::printf("check moe_route n_tok=%lld E=%d k=%d: %lld ids differ, weights nmse %.3g %s\n", (long long)n_tok, E, k,
+              (long long)bad, e, ok ? "ok" : "FAIL");
+  if (n_tok >= 64) {  // timing
+    const double ms = median_ms(g.stream, [&] { moe_route_cuda(d, g); });
+    emit("route_n" + std::to_string(n_tok) + "_us", ms * 1e3, "us");
+  }
+  cudaFree((void*)d.logits), cudaFree((void*)d.bias), cudaFree(d.sel), cudaFree(d.wt);
+}
+
+double copy_gbps(cudaStream_t st) {
+  const size_t n = size_t(2) << 30;
+  void *a, *b;
+  CK(cudaMalloc(&a, n));
+  CK(cudaMalloc(&b, n));
+  CK(cudaMemset(a, 1, n));
+  const double ms = median_ms(st, [&] { CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st)); }, 1, 5);
+  cudaFree(a), cudaFree(b);
+  const double gbps = 2.0 * n / (ms * 1e-3) * 1e-9;
+  emit("copy_GBps", gbps, "GB/s");
+  return gbps;
+}
+
+double cublas_tflops(cublasHandle_t h, cudaStream_t st) {
+  const int n = 8192;
+  void *A, *B, *C;
+  CK(cudaMalloc(&A, size_t(n) * n * 2));
+  CK(cudaMalloc(&B, size_t(n) * n * 2));
+  CK(cudaMalloc(&C, size_t(n) * n * 4));
+  fill_kernel<<<2048, 256, 0, st>>>(static_cast<uint8_t*>(A), size_t(n) * n * 2, 3, 0x3c, 2);  // finite bf16s
+  fill_kernel<<<2048, 256, 0, st>>>(static_cast<uint8_t*>(B), size_t(n) * n * 2, 5, 0x3c, 2);
+  const float alpha = 1.f, beta = 0.f;
+  cublasSetStream(h, st);
+  const double ms = median_ms(st, [&] {
+    cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, A, CUDA_R_16BF, n, B, CUDA_R_16BF, n, &beta, C,
+                 CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  });
+  cudaFree(A), cudaFree(B), cudaFree(C);
+  const double tf = 2.0 * n * n * double(n) / (ms * 1e-3) * 1e-12;
+  emit("cublas_bf16_gemm_8192_TFLOPs", tf, "TFLOP/s");
+  return tf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1) g_out = argv[1];
+  if (argc > 2) g_commit = argv[2];
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  g_machine = prop.name;
+  GpuContext g;
+  cudaStream_t st;
+  CK(cudaStreamCreate(&st));
+  g.stream = st;
+  cublasHandle_t h;
+  cublasCreate(&h);
+  g.cublas = h;
+
+  // small odd shapes, both paths
+  {
+    Experts ex;
+    ex.make(23, 96, 160, 11);
+    for (MoePath path : {MoePath::decode, MoePath::prefill}) {
+      check("small", ex, 1, 3, path, 1, 1, g);
+      check("small", ex, 7, 5, path, 2, 7, g);
+      check("small", ex, 70, 4, path, 3, 70, g);
+    }
+    Experts ex2;
+    ex2.make(9, 32, 32, 12);
+    check("tiny", ex2, 33, 2, MoePath::prefill, 4, 33, g);
+    check("tiny", ex2, 3, 9, MoePath::decode, 5, 3, g);
+  }
+  for (int64_t nt : {1, 3, 64, 4096}) check_route(nt, 896, 16, uint32_t(nt), g);
+  check_route(5, 56, 8, 9, g);
+  const double copy = copy_gbps(st);
+  const double tf = cublas_tflops(h, st);
+
+  const int E = 896, k = 16, d_in = 3584, d_ff = 3072;
+  Experts ex;
+  ex.make(E, d_in, d_ff, 17);
+  CK(cudaDeviceSynchronize());
+  check("k3 decode", ex, 1, k, MoePath::decode, 21, 1, g);
+  check("k3 prefill (2 of 4096 tokens)", ex, 4096, k, MoePath::prefill, 22, 2, g);
+
+  for (int64_t nt : {1, 8, 64}) {
+    std::mt19937 rng(uint32_t(100 + nt));
+    Routing r = make_routing(rng, nt, E, k, d_in);
+    Run run(ex, r, nt, k, MoePath::decode);
+    std::set<int32_t> uniq(r.sel.begin(), r.sel.end());
+    const double bytes = double(uniq.size()) * ex.bytes_per_expert();
+    const double ms = median_ms(st, [&] { moe_experts_cuda(run.p, g); });
+    const double floor_us = bytes / (copy * 1e9) * 1e6;
+    const bool goal = nt == 1;
+    emit("decode_b" + std::to_string(nt) + "_us", ms * 1e3, "us");
+    emit("decode_b" + std::to_string(nt) + "_floor_over_time", floor_us / (ms * 1e3), "ratio", "byte floor us",
+         floor_us, goal ? "time <= 1.3x byte floor (ratio >= 0.769)" : nullptr, floor_us / (ms * 1e3) >= 1 / 1.3);
+    std::printf("  decode b%lld: %zu experts, %.1f MB, %.1f us (floor %.1f us at copy %.0f GB/s)\n", (long long)nt,
+                uniq.size(), bytes * 1e-6, ms * 1e3, floor_us, copy);
+  }
+  for (int64_t nt : {4096, 8192}) {
+    std::mt19937 rng(uint32_t(200 + nt));
+    Routing r = make_routing(rng, nt, E, k, d_in);
+    Run run(ex, r, nt, k, MoePath::prefill);
+    const double ms = median_ms(st, [&] { moe_experts_cuda(run.p, g); }, 1, 5);
+    const double flops = double(nt) * k * 2.0 * 3.0 * d_in * d_ff;
+    const double tfs = flops / (ms * 1e-3) * 1e-12;
+    emit("prefill_n" + std::to_string(nt) + "_ms", ms, "ms");
+    emit("prefill_n" + std::to_string(nt) + "_TFLOPs", tfs, "TFLOP/s", "cuBLAS bf16 GEMM TFLOP/s", tf,
+         ">= 0.6 of the cuBLAS bf16 rate", tfs / tf >= 0.6);
+  }
+  std::printf("%s (%d failed checks)\n", g_fail ? "FAIL" : "PASS", g_fail);
+  return g_fail ? 1 : 0;
+}

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# scripts/device/moe.sh: helper moe's entry in the coordinator's combined device call.
+# The routed MXFP4 experts and the router selection (ops/moe_experts.h, ops/moe_route.h): test-ops cases of
+# the CUDA backends against the references (when test-ops is packed), then bench_moe (its own checks at K3's
+# shapes, then timings against the copy bandwidth and the cuBLAS bf16 rate). Builds nothing.
+# Files in $OUT/moe: run.log (everything) and moe_cuda.jsonl (the bench's JSON lines).
+#
+#   here:   bash scripts/device/moe.sh --pack build-moe   (bench_moe [+ test-ops, libs] into .carry/dev/moe)
+#   device: bash scripts/device/moe.sh
+set -uo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$here"
+if [ "${1:-}" = "--pack" ]; then  # runs HERE
+  build=${2:?build dir}
+  dst=.carry/dev/moe
+  rm -rf "$dst" && mkdir -p "$dst/lib"
+  cp "$build/bench/bench_moe" "$dst/" && strip -s "$dst/bench_moe"
+  if [ -x "$build/test-ops" ]; then
+    cp "$build/test-ops" "$dst/" && strip -s "$dst/test-ops"
+    ldd "$dst/test-ops" 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
+      grep -v -E 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libcuda|libcublas|libcudart|libpthread|libdl|librt' |
+      xargs -r -I{} cp -L {} "$dst/lib/"
+  fi
+  git rev-parse --short HEAD >"$dst/COMMIT"
+  du -sh "$dst"
+  exit 0
+fi
+B=.carry/dev/moe
+out=${OUT:-/tmp/moe_out}/moe
+mkdir -p "$out"
+cuda_libs=$(dirname "$(find /usr/local/cuda*/ /usr/lib /opt -name 'libcublas.so.13*' 2>/dev/null | head -1)" 2>/dev/null)
+export LD_LIBRARY_PATH="$here/$B/lib:${cuda_libs:-/usr/local/cuda/lib64}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+budget=${MOE_BUDGET:-45}
+t0=$SECONDS
+{
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+  if [ -x "$B/test-ops" ]; then
+    echo "== test-ops moe (t=$((SECONDS - t0)) s)"
+    timeout 15 "$B/test-ops" test -o moe -b cuda 2>&1 | tail -20
+  fi
+  commit=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
+  left=$((budget - 3 - (SECONDS - t0)))
+  echo "== bench_moe (t=$((SECONDS - t0)) s, limit ${left} s)"
+  timeout "$left" "$B/bench_moe" "$out/moe_cuda.jsonl" "$commit" 2>&1
+  echo "rc=$? == done (t=$((SECONDS - t0)) s)"
+} >"$out/run.log" 2>&1
+tail -c 3000 "$out/run.log"

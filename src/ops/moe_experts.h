@@ -1,0 +1,75 @@
+// moe_experts.h: the routed experts of a MoE layer with MXFP4 weights, gathered and weighted
+// (MODEL.md §8.2 Stable LatentMoE: y = bf16(sum_j w_j fp32(E_{sel_j}(z))); §9 MXFP4).
+//
+//   for every token t and slot j (e = sel[t, j]):
+//     g = bf16(w1_e z_t)   u = bf16(w3_e z_t)          [d_ff]   fp32 accumulation
+//     h = bf16(act(g, u))                              [d_ff]   SiTU (beta1, beta2) or SiLU, fp32 inside
+//     o_j = bf16(w2_e h)                               [d_in]
+//   y[t] = bf16(sum_j wt[t, j] * o_j)                  [d_in]   fp32 sum in slot order j = 0 .. k-1
+//
+// These are the bf16-mode rounding points of the CPU model (model/moe.cpp + model/ffn.cpp); z is taken as
+// bf16(z) (the latent down-projection's rounding point). MXFP4 weights keep the checkpoint layout per
+// expert (w packed [rows, cols/2], low nibble = even column; E8M0 scales [rows, cols/32], < 255), reached
+// through a table of per-expert pointers, so no copy of the experts is made.
+//
+// CUDA paths (both graph-capture safe: the routing stays on the device, launch shapes depend only on
+// n_tok, k, n_expert and the dimensions; scratch is the caller's):
+//   decode  (n_tok <= kMoeDecodeMaxTok): token-centric GEMV; one warp owns an output neuron (gate and up
+//           rows together, or two down rows), its four 8-lane teams own different experts; 16-byte loads
+//           of 32 MXFP4 weights (one scale group) per lane.
+//   prefill: rows (t, j) counting-sorted by expert on the device; a grouped GEMM whose blocks map to
+//           (expert, 64-row tile, neuron tile); MXFP4 decoded in the kernel into bf16 tiles in shared
+//           memory feeding mma.sync bf16 tensor cores (fp32 accumulate); SiTU fused after gate/up; the down
+//           GEMM writes each row back to its (t, j) slot; a last pass sums the slots in order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/gpu.h"
+#include "core/status.h"
+
+namespace k3 {
+
+// One expert's MXFP4 matrices (device pointers for the CUDA backend).
+struct MoeExpertPtrs {
+  const uint8_t* w1 = nullptr;  // gate [d_ff, d_in/2]   scale s1 [d_ff, d_in/32]
+  const uint8_t* s1 = nullptr;
+  const uint8_t* w3 = nullptr;  // up   [d_ff, d_in/2]   scale s3 [d_ff, d_in/32]
+  const uint8_t* s3 = nullptr;
+  const uint8_t* w2 = nullptr;  // down [d_in, d_ff/2]   scale s2 [d_in, d_ff/32]
+  const uint8_t* s2 = nullptr;
+};
+
+enum class MoeAct : uint8_t { silu, situ };
+enum class MoePath : uint8_t { automatic, decode, prefill };
+
+constexpr int kMoeDecodeMaxTok = 64;
+
+struct MoeExpertsParams {
+  int64_t n_tok = 0;
+  int n_expert = 0, k = 0;            // k = n_expert_used
+  int d_in = 0, d_ff = 0;             // multiples of 32
+  const float* z = nullptr;           // [n_tok, d_in], row stride ldz (0: d_in); used as bf16(z)
+  int64_t ldz = 0;
+  const int32_t* sel = nullptr;       // [n_tok, k] expert ids in [0, n_expert)
+  const float* wt = nullptr;          // [n_tok, k]
+  const MoeExpertPtrs* experts = nullptr;  // [n_expert]
+  MoeAct act = MoeAct::situ;
+  float beta1 = 4.0f, beta2 = 25.0f;  // SiTU; beta2 <= 0: b = u
+  float* y = nullptr;                 // [n_tok, d_in], row stride ldy (0: d_in)
+  int64_t ldy = 0;
+  // CUDA only: device scratch of moe_experts_scratch_bytes(*this) bytes (256-byte aligned)
+  void* scratch = nullptr;
+  MoePath path = MoePath::automatic;
+};
+
+Status moe_experts_check(const MoeExpertsParams& p);
+size_t moe_experts_scratch_bytes(const MoeExpertsParams& p);
+
+// Plain reference: weights decoded exactly, fp64 dot products, the rounding points above.
+void moe_experts_ref(const MoeExpertsParams& p);
+// CUDA (core/gpu.h): device pointers (the experts table too), same contract.
+void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g);
+
+}  // namespace k3

@@ -1,0 +1,380 @@
+// moe_experts_cuda.cu: the routed MXFP4 experts on the GPU (moe_experts.h), prefill and decode.
+//
+// One kernel shape serves both: C^T = W X^T per expert with the weights as the MMA's A operand.
+//   rows (t, j) of the layer are counting-sorted by expert on the device (one block; offsets, the sorted
+//   row list and, per expert, the start of its BT-row tiles); a block of 8 warps takes one (expert, BT-row
+//   tile, neuron tile); each warp owns 16 neurons (gate + up for the same 16) or 32 (down).
+//   A lane loads 16 bytes = 32 MXFP4 weights = one scale group of its weight row straight into registers
+//   and decodes them to bf16 pairs (byte -> bf16x2 table in shared memory, times the E8M0 scale: exact);
+//   these are its A fragments for 8 k16 steps, the k index permuted within the 128-column chunk the warp's
+//   4 lanes of a row cover. The activations X (BT rows of bf16) are staged per 128-column chunk in shared
+//   memory in the same permuted order (cp.async, double buffered), so a B fragment is one 16-byte load.
+//   mma.sync m16n8k16 bf16 -> fp32. No weight tile in shared memory, so no decode is repeated per warp.
+//   BT = 64 for prefill, 8 for decode (batch <= kMoeDecodeMaxTok: the same code, a warp per 16 neurons
+//   streaming its rows, many blocks in flight; the MMA's unused token columns cost nothing there).
+// gate/up epilogue: h = bf16(act(bf16(g), bf16(u))) -> H [sorted row, d_ff] bf16.
+// down epilogue: o = bf16(w2 h) -> O [t * k + j, d_in] bf16.  combine: y = bf16(sum_j wt_j o_j).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "ops/cuda_util.cuh"
+#include "ops/moe_experts.h"
+
+namespace k3 {
+
+namespace {
+
+using namespace cuda_ops;
+
+constexpr int kWarps = 8, kChunk = 128;  // K columns per chunk: 4 lanes x 32
+constexpr int kSortThreads = 1024;
+constexpr int kXUnits = kChunk / 8 + 4;  // 16-byte units per staged X row (+4 padding: conflict-free loads)
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+struct Scratch {  // carved from p.scratch
+  __nv_bfloat16* zb;   // [n_tok, d_in]
+  int* offsets;        // [n_expert + 1] first sorted row of each expert
+  int* tile_start;     // [n_expert + 1] first tile of each expert (tiles of BT rows)
+  int* order;          // [n_rows] sorted position -> row t * k + j
+  __nv_bfloat16* h;    // [n_rows, d_ff] sorted rows
+  __nv_bfloat16* o;    // [n_rows, d_in] rows t * k + j
+  size_t bytes;
+};
+
+Scratch carve(const MoeExpertsParams& p, void* base) {
+  const int64_t n_rows = p.n_tok * p.k;
+  char* b = static_cast<char*>(base);
+  Scratch s{};
+  size_t off = 0;
+  auto take = [&](size_t n) {
+    char* q = b ? b + off : nullptr;
+    off += align256(n);
+    return q;
+  };
+  s.zb = reinterpret_cast<__nv_bfloat16*>(take(size_t(p.n_tok) * p.d_in * 2));
+  s.offsets = reinterpret_cast<int*>(take(size_t(p.n_expert + 1) * 4));
+  s.tile_start = reinterpret_cast<int*>(take(size_t(p.n_expert + 1) * 4));
+  s.order = reinterpret_cast<int*>(take(size_t(n_rows) * 4));
+  s.h = reinterpret_cast<__nv_bfloat16*>(take(size_t(n_rows) * p.d_ff * 2));
+  s.o = reinterpret_cast<__nv_bfloat16*>(take(size_t(n_rows) * p.d_in * 2));
+  s.bytes = off;
+  return s;
+}
+
+__global__ void to_bf16_kernel(const float* z, int64_t ldz, int64_t n_tok, int d, __nv_bfloat16* zb) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= n_tok * d) return;
+  zb[e] = __float2bfloat16_rn(z[(e / d) * ldz + e % d]);
+}
+
+// Counting sort of the n_rows = n_tok * k rows by expert, one block. Out-of-range ids count as expert 0
+// (the router never makes them; this only keeps every access in bounds).
+__global__ void __launch_bounds__(kSortThreads) sort_kernel(const int32_t* sel, int n_rows, int E, int BT,
+                                                            int* offsets, int* tile_start, int* order) {
+  extern __shared__ int sm[];
+  int* cnt = sm;       // [E]
+  int* fill = sm + E;  // [E]
+  __shared__ int carry[2], warp_sums[2][32];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int r = threadIdx.x; r < n_rows; r += blockDim.x) {
+    int e = sel[r];
+    atomicAdd(&cnt[(e >= 0 && e < E) ? e : 0], 1);
+  }
+  if (threadIdx.x == 0) carry[0] = carry[1] = 0;
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int e0 = 0; e0 < E; e0 += blockDim.x) {  // exclusive scans of the counts and of the tile counts
+    const int e = e0 + threadIdx.x;
+    const int c = e < E ? cnt[e] : 0;
+    int v[2] = {c, (c + BT - 1) / BT};
+    int incl[2];
+    for (int q = 0; q < 2; ++q) {
+      int x = v[q];
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+      }
+      incl[q] = x;
+      if (lane == 31) warp_sums[q][warp] = x;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      for (int q = 0; q < 2; ++q) {
+        int x = lane < int(blockDim.x / 32) ? warp_sums[q][lane] : 0;
+        for (int o = 1; o < 32; o <<= 1) {
+          const int y = __shfl_up_sync(0xffffffffu, x, o);
+          if (lane >= o) x += y;
+        }
+        warp_sums[q][lane] = x - (lane < int(blockDim.x / 32) ? warp_sums[q][lane] : 0);  // exclusive
+      }
+    }
+    __syncthreads();
+    if (e < E) {
+      const int off = carry[0] + warp_sums[0][warp] + incl[0] - v[0];
+      offsets[e] = off, fill[e] = off;
+      tile_start[e] = carry[1] + warp_sums[1][warp] + incl[1] - v[1];
+    }
+    __syncthreads();
+    if (threadIdx.x == blockDim.x - 1) carry[0] += warp_sums[0][warp] + incl[0], carry[1] += warp_sums[1][warp] + incl[1];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) offsets[E] = carry[0], tile_start[E] = carry[1];
+  __syncthreads();
+  for (int r = threadIdx.x; r < n_rows; r += blockDim.x) {
+    int e = sel[r];
+    e = (e >= 0 && e < E) ? e : 0;
+    order[atomicAdd(&fill[e], 1)] = r;
+  }
+}
+
+// y[t, i] = bf16(sum_j wt[t, j] o[t * k + j, i]), slot order
+__global__ void combine_kernel(const __nv_bfloat16* o, const float* wt, int64_t n_tok, int k, int d, float* y,
+                               int64_t ldy) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= n_tok * d) return;
+  const int64_t t = e / d, i = e % d;
+  float acc = 0.f;
+  for (int j = 0; j < k; ++j) acc += wt[t * k + j] * __bfloat162float(o[(t * k + j) * d + i]);
+  y[t * ldy + i] = round_bf16_dev(acc);
+}
+
+struct GemmArgs {
+  const MoeExpertPtrs* experts;
+  const int* offsets;     // [E + 1]
+  const int* tile_start;  // [E + 1]
+  const int* order;       // [n_rows]
+  int E, k, n_out, K;     // neurons (rows of W), reduction length
+  const __nv_bfloat16* x; // DUAL: zb [n_tok, K] gathered by order / k; else h [n_rows, K] sorted
+  __nv_bfloat16* out;     // DUAL: h [n_rows, n_out] sorted; else o [n_rows, n_out] at order[r]
+  MoeAct act;
+  float beta1, beta2;
+};
+
+__device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+__device__ __forceinline__ float act_dev(MoeAct act, float g, float u, float b1, float b2) {
+  if (act == MoeAct::silu) return g / (1.0f + expf(-g)) * u;
+  const float a = b1 * tanhf(g / b1) * (1.0f / (1.0f + expf(-g)));
+  return a * (b2 > 0 ? b2 * tanhf(u / b2) : u);
+}
+
+// One weight operand of a warp: 16 rows x 128 columns of the chunk; lane (g = lane / 4, q = lane % 4) holds
+// columns [q * 32, q * 32 + 32) of rows g and g + 8 (raw) and their scales.
+struct WRaw {
+  uint4 r0, r1;
+  uint32_t s0, s1;  // bf16x2 scale 2^(e - 127) in both halves
+};
+
+__device__ __forceinline__ uint32_t scale_bf16x2(uint8_t e) {
+  const uint32_t h = e ? uint32_t(e) << 7 : 0x0040u;  // 2^(e-127); e = 0: the subnormal 2^-127
+  return h | (h << 16);
+}
+
+__device__ __forceinline__ void load_w(WRaw& w, const uint8_t* wp, const uint8_t* sp, int K, int n_out, int row0,
+                                       int col, bool col_ok) {
+  const int lane = threadIdx.x & 31, g = lane >> 2;
+  const int ra = row0 + g, rb = row0 + g + 8;
+  const bool oa = col_ok && ra < n_out, ob = col_ok && rb < n_out;
+  w.r0 = oa ? __ldg(reinterpret_cast<const uint4*>(wp + size_t(ra) * (K / 2) + col / 2)) : make_uint4(0, 0, 0, 0);
+  w.r1 = ob ? __ldg(reinterpret_cast<const uint4*>(wp + size_t(rb) * (K / 2) + col / 2)) : make_uint4(0, 0, 0, 0);
+  w.s0 = scale_bf16x2(oa ? __ldg(sp + size_t(ra) * (K / 32) + col / 32) : 127);
+  w.s1 = scale_bf16x2(ob ? __ldg(sp + size_t(rb) * (K / 32) + col / 32) : 127);
+}
+
+// A fragment of k16 step s (0..7): bytes 2s, 2s+1 of rows g (a0, a2) and g + 8 (a1, a3)
+__device__ __forceinline__ void frag_a(const WRaw& w, int s, const uint32_t* lut, uint32_t* a) {
+  const uint32_t w0 = (&w.r0.x)[s >> 1], w1 = (&w.r1.x)[s >> 1];
+  const int sh = (s & 1) * 16;
+  a[0] = bf16x2_mul(lut[(w0 >> sh) & 0xff], w.s0);
+  a[2] = bf16x2_mul(lut[(w0 >> (sh + 8)) & 0xff], w.s0);
+  a[1] = bf16x2_mul(lut[(w1 >> sh) & 0xff], w.s1);
+  a[3] = bf16x2_mul(lut[(w1 >> (sh + 8)) & 0xff], w.s1);
+}
+
+template <bool DUAL, int BT>
+__global__ void __launch_bounds__(kWarps * 32) experts_gemm_kernel(GemmArgs a) {
+  constexpr int NF = BT / 8;  // token fragments
+  __shared__ uint32_t lut[256];
+  __shared__ __align__(16) uint4 xs[2][BT * kXUnits];
+  __shared__ int src_row[BT];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  {  // byte (2 e2m1, low nibble first) -> bf16x2
+    const float mag[8] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+    const int b = tid;
+    float lo = mag[b & 7], hi = mag[(b >> 4) & 7];
+    if (b & 8) lo = -lo;
+    if (b & 128) hi = -hi;
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    lut[b] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  // which expert and which rows
+  const int tile = blockIdx.x;
+  if (tile >= a.tile_start[a.E]) return;
+  int lo = 0, hi = a.E;  // last e with tile_start[e] <= tile
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (a.tile_start[mid] <= tile) lo = mid; else hi = mid;
+  }
+  const int e = lo;
+  const int r0 = a.offsets[e] + (tile - a.tile_start[e]) * BT;
+  const int n_r = min(BT, a.offsets[e + 1] - r0);
+  if (tid < BT) {
+    int src = -1;
+    if (tid < n_r) src = DUAL ? a.order[r0 + tid] / a.k : r0 + tid;
+    src_row[tid] = src;
+  }
+  const MoeExpertPtrs ep = a.experts[e];
+  constexpr int kNeur = DUAL ? 16 : 32;  // neurons per warp
+  const int n0 = (blockIdx.y * kWarps + warp) * kNeur;
+  const uint8_t* wA = DUAL ? ep.w1 : ep.w2;
+  const uint8_t* sA = DUAL ? ep.s1 : ep.s2;
+  const uint8_t* wB = DUAL ? ep.w3 : ep.w2;
+  const uint8_t* sB = DUAL ? ep.s3 : ep.s2;
+  const int rowA = n0, rowB = DUAL ? n0 : n0 + 16;
+  __syncthreads();
+
+  auto stage = [&](int buf, int c0) {  // X rows, chunk [c0, c0 + 128), permuted 16-byte units
+    for (int i = tid; i < BT * 16; i += kWarps * 32) {
+      const int r = i >> 4, u = i & 15;  // u = q * 4 + s'
+      const int col = c0 + u * 8;
+      const int src = src_row[r];
+      const bool ok = src >= 0 && col < a.K;
+      const __nv_bfloat16* gp = a.x + (ok ? size_t(src) * a.K + col : 0);
+      cp_async16(&xs[buf][r * kXUnits + (u & 3) * 4 + (u >> 2)], gp, ok);
+    }
+    cp_async_commit();
+  };
+
+  float accA[NF][4], accB[NF][4];
+#pragma unroll
+  for (int f = 0; f < NF; ++f)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) accA[f][i] = accB[f][i] = 0.f;
+
+  const int q = lane & 3, n_l = lane >> 2;
+  const int n_chunk = (a.K + kChunk - 1) / kChunk;
+  stage(0, 0);
+  WRaw wa, wb;
+  {
+    const int col = q * 32;
+    load_w(wa, wA, sA, a.K, a.n_out, rowA, col, col < a.K);
+    load_w(wb, wB, sB, a.K, a.n_out, rowB, col, col < a.K);
+  }
+  for (int c = 0; c < n_chunk; ++c) {
+    const int buf = c & 1;
+    cp_async_wait_all();
+    __syncthreads();
+    if (c + 1 < n_chunk) stage(buf ^ 1, (c + 1) * kChunk);
+    WRaw na, nb;  // next chunk's weights, in flight during this chunk's MMAs
+    const int ncol = (c + 1) * kChunk + q * 32;
+    const bool nok = c + 1 < n_chunk && ncol < a.K;
+    load_w(na, wA, sA, a.K, a.n_out, rowA, ncol, nok);
+    load_w(nb, wB, sB, a.K, a.n_out, rowB, ncol, nok);
+#pragma unroll
+    for (int sp = 0; sp < 4; ++sp) {  // pairs of k16 steps: one 16-byte X unit per token fragment
+      uint32_t fa0[4], fa1[4], fb0[4], fb1[4];
+      frag_a(wa, 2 * sp, lut, fa0);
+      frag_a(wa, 2 * sp + 1, lut, fa1);
+      frag_a(wb, 2 * sp, lut, fb0);
+      frag_a(wb, 2 * sp + 1, lut, fb1);
+#pragma unroll
+      for (int f = 0; f < NF; ++f) {
+        const uint4 xv = xs[buf][(f * 8 + n_l) * kXUnits + sp * 4 + q];
+        mma_bf16(accA[f], fa0, xv.x, xv.y);
+        mma_bf16(accA[f], fa1, xv.z, xv.w);
+        mma_bf16(accB[f], fb0, xv.x, xv.y);
+        mma_bf16(accB[f], fb1, xv.z, xv.w);
+      }
+    }
+    wa = na, wb = nb;
+  }
+  // epilogue: accumulator (neuron row g / g + 8, token columns 2q, 2q + 1)
+  const int g = lane >> 2;
+#pragma unroll
+  for (int f = 0; f < NF; ++f)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int tok = f * 8 + 2 * q + (i & 1);
+      const int nr = g + (i >> 1) * 8;
+      if (tok >= n_r) continue;
+      if constexpr (DUAL) {
+        const int neuron = n0 + nr;
+        if (neuron >= a.n_out) continue;
+        const float gv = round_bf16_dev(accA[f][i]), uv = round_bf16_dev(accB[f][i]);
+        a.out[size_t(r0 + tok) * a.n_out + neuron] = __float2bfloat16_rn(act_dev(a.act, gv, uv, a.beta1, a.beta2));
+      } else {
+        const size_t orow = size_t(a.order[r0 + tok]) * a.n_out;
+        if (n0 + nr < a.n_out) a.out[orow + n0 + nr] = __float2bfloat16_rn(accA[f][i]);
+        if (n0 + 16 + nr < a.n_out) a.out[orow + n0 + 16 + nr] = __float2bfloat16_rn(accB[f][i]);
+      }
+    }
+}
+
+template <bool DUAL, int BT>
+void launch_gemm(const GemmArgs& a, int64_t n_rows, GpuContext& g) {
+  const int64_t max_tiles = (n_rows + BT - 1) / BT + std::min<int64_t>(a.E, n_rows);
+  const int per_block = kWarps * (DUAL ? 16 : 32);
+  const dim3 grid(unsigned(max_tiles), unsigned((a.n_out + per_block - 1) / per_block));
+  experts_gemm_kernel<DUAL, BT><<<grid, kWarps * 32, 0, g.stream>>>(a);
+  K3_CUDA_LAUNCH_CHECK();
+}
+
+template <int BT>
+void run_path(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g) {
+  sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(p.sel, int(n_rows), p.n_expert, BT,
+                                                                          s.offsets, s.tile_start, s.order);
+  K3_CUDA_LAUNCH_CHECK();
+  GemmArgs a{p.experts, s.offsets, s.tile_start, s.order, p.n_expert, p.k, p.d_ff, p.d_in, s.zb, s.h,
+             p.act, p.beta1, p.beta2};
+  launch_gemm<true, BT>(a, n_rows, g);
+  a.n_out = p.d_in, a.K = p.d_ff, a.x = s.h, a.out = s.o;
+  launch_gemm<false, BT>(a, n_rows, g);
+}
+
+}  // namespace
+
+size_t moe_experts_scratch_bytes(const MoeExpertsParams& p) { return carve(p, nullptr).bytes; }
+
+void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g) {
+  K3_ASSERT(moe_experts_check(p).ok());
+  K3_ASSERT(p.scratch != nullptr || p.n_tok == 0);
+  K3_ASSERT(p.n_expert <= 8192 && "moe_experts_cuda: the sort keeps 2 x n_expert ints in shared memory");
+  if (p.n_tok == 0) return;
+  const Scratch s = carve(p, p.scratch);
+  const int64_t n_rows = p.n_tok * p.k;
+  K3_ASSERT(n_rows < (int64_t(1) << 31));
+  to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(p.z, p.ldz ? p.ldz : p.d_in,
+                                                                                  p.n_tok, p.d_in, s.zb);
+  K3_CUDA_LAUNCH_CHECK();
+  const bool decode = p.path == MoePath::decode || (p.path == MoePath::automatic && p.n_tok <= kMoeDecodeMaxTok);
+  if (decode)
+    run_path<8>(p, s, n_rows, g);
+  else
+    run_path<64>(p, s, n_rows, g);
+  combine_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(s.o, p.wt, p.n_tok, p.k, p.d_in,
+                                                                                  p.y, p.ldy ? p.ldy : p.d_in);
+  K3_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace k3

@@ -1,0 +1,168 @@
+// cases_moe.cpp: test-ops cases for the MoE router selection (ops/moe_route.h) and the routed MXFP4 experts
+// (ops/moe_experts.h). Backends: ref and cuda (the CPU model runs the experts through ffn / linear, which
+// have their own cases).
+//
+// moe_route: logits N(0, 2) in a wider row (ld > n_expert), small biases, copied logits so ties happen;
+//   ids must be equal, weights within 1e-10. Shapes: K3 (896 / 16), KL (256 / 8), k3-tiny (56 / 8), k > 32.
+// moe_experts: random MXFP4 bytes, scales in [116, 124], z bf16 N(0, 1) in a wider row, random distinct
+//   experts and positive weights per token; the decode and prefill kernels forced on every shape (odd token
+//   counts 1, 3, 17, 70, 127; d_in / d_ff multiples of 32 that are not multiples of the 128-column chunk;
+//   neuron counts below one warp's tile; SiTU and SiLU). NMSE bound 1e-5: the kernels round at the same
+//   points as the reference, only fp32 accumulation order differs (a bf16 rounding may flip).
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <set>
+
+#include "core/dtype.h"
+#include "harness.h"
+#include "ops/moe_experts.h"
+#include "ops/moe_route.h"
+
+namespace k3::opt {
+namespace {
+
+class RefCudaCase : public FnCase {
+ public:
+  using FnCase::FnCase;
+  bool supports(Backend b) const override { return b == Backend::ref || (b == Backend::cuda && kCudaBuilt); }
+};
+
+struct RouteState {
+  int64_t n_tok = 0, ld = 0;
+  int E = 0, k = 0;
+  bool renorm = true;
+  std::vector<float> logits, bias;
+};
+
+void add_route(CaseList& cases, int64_t n_tok, int E, int k, bool renorm) {
+  auto st = std::make_shared<RouteState>();
+  st->n_tok = n_tok, st->E = E, st->k = k, st->ld = E + 5, st->renorm = renorm;
+  const std::string shape = "n_tok=" + std::to_string(n_tok) + " n_expert=" + std::to_string(E) +
+                            " k=" + std::to_string(k) + (renorm ? "" : " no-renorm");
+  cases.push_back(std::make_unique<RefCudaCase>(
+      "moe_route", shape, 1e-10,
+      [st](Rng& rng) {
+        st->logits.resize(size_t(st->n_tok * st->ld));
+        fill_normal(rng, st->logits.data(), int64_t(st->logits.size()), 2.0f);
+        for (size_t i = 0; i < st->logits.size(); i += 7) st->logits[i] = st->logits[i / 3];  // ties
+        st->bias.resize(size_t(st->E));
+        fill_uniform(rng, st->bias.data(), st->E, -0.1f, 0.1f);
+        for (int e = 0; e < st->E; e += 5) st->bias[size_t(e)] = 0.f;
+      },
+      [st](Backend b, RunContext& ctx) {
+        MoeRouteParams p;
+        p.n_tok = st->n_tok, p.n_expert = st->E, p.k = st->k, p.ld = st->ld;
+        p.renormalize = st->renorm, p.scaling = 2.446f;
+        K3_ASSERT(moe_route_check(p).ok());
+        if (b == Backend::ref) {
+          p.logits = st->logits.data(), p.bias = st->bias.data();
+          p.sel = ctx.out_i32(0, st->n_tok * st->k), p.wt = ctx.out_f32(1, st->n_tok * st->k);
+          moe_route_ref(p);
+        } else {
+#ifdef K3_HAVE_CUDA
+          p.logits = ctx.dev_in(st->logits), p.bias = ctx.dev_in(st->bias);
+          p.sel = ctx.dev_out_i32(0, st->n_tok * st->k), p.wt = ctx.dev_out_f32(1, st->n_tok * st->k);
+          ctx.gpu_run([&] { moe_route_cuda(p, *ctx.gpu); });
+#endif
+        }
+      },
+      false, 0, 0, kCudaBuilt));
+}
+
+struct ExpertState {
+  int64_t n_tok = 0, ldz = 0, ldy = 0;
+  int E = 0, k = 0, d_in = 0, d_ff = 0;
+  MoeAct act = MoeAct::situ;
+  MoePath path = MoePath::automatic;
+  std::vector<std::vector<uint8_t>> w;  // per expert: w1 | w3 | w2 | s1 | s3 | s2
+  std::vector<float> z, wt;
+  std::vector<int32_t> sel;
+  size_t w13() const { return size_t(d_ff) * d_in / 2; }
+  size_t s13() const { return size_t(d_ff) * d_in / 32; }
+  MoeExpertPtrs ptrs(const uint8_t* b) const {
+    const uint8_t* s = b + 3 * w13();
+    return {b, s, b + w13(), s + s13(), b + 2 * w13(), s + 2 * s13()};
+  }
+};
+
+void add_experts(CaseList& cases, int64_t n_tok, int E, int k, int d_in, int d_ff, MoePath path,
+                 MoeAct act = MoeAct::situ) {
+  auto st = std::make_shared<ExpertState>();
+  st->n_tok = n_tok, st->E = E, st->k = k, st->d_in = d_in, st->d_ff = d_ff, st->path = path, st->act = act;
+  st->ldz = d_in + 8, st->ldy = d_in + 3;
+  const std::string shape = "n_tok=" + std::to_string(n_tok) + " n_expert=" + std::to_string(E) +
+                            " k=" + std::to_string(k) + " d_in=" + std::to_string(d_in) +
+                            " d_ff=" + std::to_string(d_ff) + (path == MoePath::decode ? " decode" : " prefill") +
+                            (act == MoeAct::silu ? " silu" : "");
+  cases.push_back(std::make_unique<RefCudaCase>(
+      "moe_experts", shape, 1e-5,
+      [st](Rng& rng) {
+        st->w.assign(size_t(st->E), {});
+        for (auto& b : st->w) {
+          b.resize(3 * st->w13() + 3 * st->s13());
+          for (size_t i = 0; i < 3 * st->w13(); ++i) b[i] = uint8_t(rng.bits());
+          for (size_t i = 3 * st->w13(); i < b.size(); ++i) b[i] = uint8_t(116 + rng.below(9));
+        }
+        st->z.resize(size_t(st->n_tok * st->ldz));
+        fill_uniform_bf16(rng, st->z.data(), int64_t(st->z.size()), -2.f, 2.f);
+        st->sel.resize(size_t(st->n_tok * st->k));
+        st->wt.resize(st->sel.size());
+        std::vector<int32_t> ids(static_cast<size_t>(st->E));
+        std::iota(ids.begin(), ids.end(), 0);
+        for (int64_t t = 0; t < st->n_tok; ++t) {
+          for (int j = 0; j < st->k; ++j) std::swap(ids[size_t(j)], ids[size_t(j + rng.below(st->E - j))]);
+          for (int j = 0; j < st->k; ++j) {
+            st->sel[size_t(t * st->k + j)] = ids[size_t(j)];
+            st->wt[size_t(t * st->k + j)] = rng.uniform(0.05f, 1.f);
+          }
+        }
+      },
+      [st](Backend b, RunContext& ctx) {
+        MoeExpertsParams p;
+        p.n_tok = st->n_tok, p.n_expert = st->E, p.k = st->k, p.d_in = st->d_in, p.d_ff = st->d_ff;
+        p.ldz = st->ldz, p.ldy = st->ldy, p.act = st->act, p.path = st->path;
+        K3_ASSERT(moe_experts_check(p).ok());
+        const int64_t n_y = (st->n_tok - 1) * st->ldy + st->d_in;
+        if (b == Backend::ref) {
+          std::vector<MoeExpertPtrs> table;
+          for (auto& w : st->w) table.push_back(st->ptrs(w.data()));
+          p.z = st->z.data(), p.sel = st->sel.data(), p.wt = st->wt.data(), p.experts = table.data();
+          p.y = ctx.out_f32(0, n_y);  // the gaps between rows keep the harness's NaN fill in both backends
+          moe_experts_ref(p);
+        } else {
+#ifdef K3_HAVE_CUDA
+          std::vector<MoeExpertPtrs> table;
+          for (auto& w : st->w) table.push_back(st->ptrs(ctx.dev_in(w)));
+          p.experts = ctx.dev_in(table);
+          p.z = ctx.dev_in(st->z), p.sel = ctx.dev_in(st->sel), p.wt = ctx.dev_in(st->wt);
+          ctx.out_f32(0, n_y);
+          p.y = ctx.dev_out_f32(0, n_y);
+          std::vector<uint8_t> scratch(moe_experts_scratch_bytes(p));
+          p.scratch = const_cast<uint8_t*>(ctx.dev_in(scratch));
+          ctx.gpu_run([&] { moe_experts_cuda(p, *ctx.gpu); });
+#endif
+        }
+      },
+      false, 0, 0, kCudaBuilt));
+}
+
+}  // namespace
+
+K3_OP_CASES(moe_cases) {
+  add_route(cases, 1, 896, 16, true);
+  add_route(cases, 127, 896, 16, true);
+  add_route(cases, 17, 256, 8, true);
+  add_route(cases, 33, 56, 8, false);
+  add_route(cases, 5, 100, 40, true);  // k > 32
+  add_route(cases, 3, 16, 16, true);   // k = n_expert
+  for (MoePath path : {MoePath::decode, MoePath::prefill}) {
+    add_experts(cases, 1, 23, 4, 96, 160, path);
+    add_experts(cases, 3, 9, 9, 32, 32, path);
+    add_experts(cases, 17, 56, 8, 128, 64, path);  // k3-tiny
+    add_experts(cases, 70, 40, 6, 288, 96, path);
+    add_experts(cases, 127, 12, 3, 64, 416, path, MoeAct::silu);
+  }
+}
+
+}  // namespace k3::opt
