@@ -5,13 +5,22 @@
 //   K3: z = bf16(latent_down x);  y = bf16(sum_j w_j E_j(z)) in slot order;  y = latent_up RMSNorm(y)
 //   KL: y = bf16(sum_j w_j E_j(x))
 //   out = bf16(y + shared(x))
-// Routing runs on the device (one thread per token, k passes of an argmax below the previous pick: no sort,
-// no scratch). The dispatch reads the selection on the host (one sync per MoE layer), groups the (token,
-// slot) rows by expert, gathers them once, runs each expert's GLU on its contiguous rows and scatters the
-// results back to (token, slot) rows; the weighted sum then runs per token in slot order, as on the CPU.
+// bf16 mode with MXFP4 experts (K3): everything stays on the device, no host round trip (graph-capture safe):
+//   [logits | z] = x [W_gate ; routed_expert_down_proj]^T   one GEMM over the concatenated bf16 weight
+//                                                           (weights_gpu.h gate_down), fp32 out, unrounded
+//   sel, w = moe_route(logits)                              ops/moe_route.h, a warp per token
+//   y = moe_experts(bf16(z), sel, w)                        ops/moe_experts.h: device counting sort,
+//                                                           MXFP4 tensor-core kernels, slot-order sum
+// fp32 mode (the exactness path) and bf16 experts (KL): routing on the device (one thread per token, k passes
+// of an argmax below the previous pick); the dispatch reads the selection on the host (one sync per MoE
+// layer), groups the (token, slot) rows by expert, runs each expert's GLU on its contiguous rows and
+// scatters the results back to (token, slot) rows; the weighted sum then runs per token in slot order.
+#include <algorithm>
 #include <vector>
 
 #include "gpu/blocks_gpu.cuh"
+#include "ops/moe_experts.h"
+#include "ops/moe_route.h"
 #include "ops/sigmoid.h"
 
 namespace k3::gpu {
@@ -61,11 +70,78 @@ __global__ void combine_kernel(float* y, const float* slot_out, const float* wt,
   y[idx] = bf16 ? round_bf16_dev(acc) : acc;
 }
 
+// The latent MoE in bf16 mode on the fused kernels; y [n_tok, d_latent] = bf16(sum_j w_j E_j(z)).
+Status routed_fused(const GpuCtx& c, const ModelConfig& cfg, const MoeWeightsGpu& w, const float* x,
+                    int64_t n_tok, float* y, int layer) {
+  const MoeConfig& m = cfg.moe;
+  const int64_t E = m.n_expert, k = m.n_expert_used, dz = m.d_latent;
+  const bool one_gemm = w.gate_down.w != nullptr;
+  const int64_t ld = one_gemm ? E + dz : E;
+  DevBuf h, z, sel, wt, scratch;
+  K3_RETURN_IF_ERROR(h.alloc(c, n_tok * ld));
+  K3_RETURN_IF_ERROR(sel.alloc_bytes(c, size_t(n_tok * k) * 4));
+  K3_RETURN_IF_ERROR(wt.alloc(c, n_tok * k));
+  const float* zp = h.f() + E;
+  if (one_gemm) {
+    linear(c, w.gate_down, x, n_tok, h.f(), /*round=*/false);  // z is rounded to bf16 by moe_experts
+  } else {
+    K3_RETURN_IF_ERROR(z.alloc(c, n_tok * dz));
+    linear(c, w.gate, x, n_tok, h.f(), /*round=*/false);
+    linear(c, w.latent_down, x, n_tok, z.f());
+    zp = z.f();
+  }
+  MoeRouteParams rp;
+  rp.n_tok = n_tok, rp.n_expert = int(E), rp.k = int(k), rp.logits = h.f(), rp.ld = ld, rp.bias = w.bias;
+  rp.renormalize = m.renormalize, rp.scaling = m.routed_scaling_factor;
+  rp.sel = sel.as<int32_t>(), rp.wt = wt.f();
+  K3_RETURN_IF_ERROR(moe_route_check(rp));
+  moe_route_cuda(rp, *c.g);
+  c.cb("moe_weights", layer, wt.f(), n_tok * k);
+  // token chunks bound the scratch (sorted rows x (d_ff + d_latent) bf16)
+  constexpr int64_t kChunkTok = 2048;
+  MoeExpertsParams ep;
+  ep.n_expert = int(E), ep.k = int(k), ep.d_in = int(dz), ep.d_ff = int(m.d_ff_expert);
+  ep.experts = w.expert_table;
+  ep.act = cfg.act == Activation::silu ? MoeAct::silu : MoeAct::situ;
+  ep.beta1 = cfg.situ_beta, ep.beta2 = cfg.has_situ_linear_beta ? cfg.situ_linear_beta : 0.f;
+  ep.n_tok = std::min(n_tok, kChunkTok);
+  K3_RETURN_IF_ERROR(moe_experts_check(ep));
+  K3_RETURN_IF_ERROR(scratch.alloc_bytes(c, moe_experts_scratch_bytes(ep)));
+  ep.scratch = scratch.as<void>();
+  for (int64_t t0 = 0; t0 < n_tok; t0 += kChunkTok) {
+    ep.n_tok = std::min(kChunkTok, n_tok - t0);
+    ep.z = zp + t0 * (one_gemm ? ld : dz), ep.ldz = one_gemm ? ld : dz;
+    ep.sel = sel.as<int32_t>() + t0 * k, ep.wt = wt.f() + t0 * k;
+    ep.y = y + t0 * dz, ep.ldy = dz;
+    moe_experts_cuda(ep, *c.g);
+  }
+  return launch_status("moe routed experts");
+}
+
 }  // namespace
 
 Status moe_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MoeWeightsGpu& w, const float* x,
                        int64_t n_tok, float* out, int layer) {
   const MoeConfig& m = cfg.moe;
+  if (c.bf16() && m.d_latent > 0 && w.expert_table && n_tok > 0) {
+    const int64_t D = cfg.d_model, dz = m.d_latent;
+    DevBuf y, routed;
+    K3_RETURN_IF_ERROR(y.alloc(c, n_tok * dz));
+    K3_RETURN_IF_ERROR(routed_fused(c, cfg, w, x, n_tok, y.f(), layer));
+    if (m.latent_norm) rms_norm(c, y.f(), w.latent_norm, cfg.rms_norm_eps, n_tok, dz, y.f());
+    K3_RETURN_IF_ERROR(routed.alloc(c, n_tok * D));
+    linear(c, w.latent_up, y.f(), n_tok, routed.f());
+    c.cb("moe_routed", layer, routed.f(), n_tok * D);
+    if (m.n_shared_expert > 0) {
+      K3_RETURN_IF_ERROR(ffn_forward_gpu(c, cfg, w.shared, x, n_tok, out));
+      c.cb("moe_shared", layer, out, n_tok * D);
+    } else {
+      cudaMemsetAsync(out, 0, size_t(n_tok * D) * 4, c.stream());
+    }
+    add_inplace(c, out, routed.f(), n_tok * D);
+    c.rnd(out, n_tok * D);
+    return launch_status("moe layer");
+  }
   const int64_t D = cfg.d_model, E = m.n_expert, k = m.n_expert_used;
   const int64_t dz = m.d_latent > 0 ? m.d_latent : D;
   DevBuf s, wt, sel;

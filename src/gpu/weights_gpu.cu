@@ -7,6 +7,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstring>
+
 #include "model/binder.h"
 
 namespace k3::gpu {
@@ -84,13 +86,45 @@ void walk_mla(Uploader& u, const MlaWeights& h, MlaWeightsGpu* d) {
   }
 }
 
+// MoE re-layout for the fused kernels (ops/moe_route.h, ops/moe_experts.h): a bf16 router and latent
+// down-projection with the same input width go into one [n_expert + d_latent, D] matrix (gate and
+// latent_down are views of its two row ranges, so nothing is stored twice); MXFP4 experts keep their
+// checkpoint layout and get a device table of per-expert pointers.
 void walk_moe(Uploader& u, const MoeWeights& h, MoeWeightsGpu* d) {
-  d->gate = u.lin(h.gate);
+  const bool fuse = h.gate.w && h.latent_down.w && !h.gate.is_mxfp4() && !h.latent_down.is_mxfp4() &&
+                    h.gate.dtype == DType::bf16 && h.latent_down.dtype == DType::bf16 && h.gate.in == h.latent_down.in;
+  if (fuse) {
+    const size_t gb = size_t(h.gate.out * h.gate.in) * 2, lb = size_t(h.latent_down.out * h.latent_down.in) * 2;
+    std::vector<uint8_t> cat(gb + lb);
+    std::memcpy(cat.data(), h.gate.w, gb);
+    std::memcpy(cat.data() + gb, h.latent_down.w, lb);
+    d->gate_down = h.gate;
+    d->gate_down.out = h.gate.out + h.latent_down.out;
+    d->gate_down.w = u.raw(cat.data(), cat.size());
+    d->gate = h.gate, d->gate.w = d->gate_down.w;
+    d->latent_down = h.latent_down;
+    d->latent_down.w = d->gate_down.w ? static_cast<const uint8_t*>(d->gate_down.w) + gb : nullptr;
+  } else {
+    d->gate = u.lin(h.gate);
+    d->latent_down = u.lin(h.latent_down);
+  }
   d->bias = u.vec(h.bias);
   d->experts.clear();
-  for (const FfnWeights& e : h.experts) d->experts.push_back(u.ffn(e));
+  bool all_mxfp4 = !h.experts.empty();
+  for (const FfnWeights& e : h.experts) {
+    d->experts.push_back(u.ffn(e));
+    all_mxfp4 = all_mxfp4 && e.gate_proj.is_mxfp4() && e.up_proj.is_mxfp4() && e.down_proj.is_mxfp4();
+  }
+  if (all_mxfp4) {
+    std::vector<MoeExpertPtrs> table;
+    for (const FfnWeights& e : d->experts)
+      table.push_back({static_cast<const uint8_t*>(e.gate_proj.w), e.gate_proj.scale,
+                       static_cast<const uint8_t*>(e.up_proj.w), e.up_proj.scale,
+                       static_cast<const uint8_t*>(e.down_proj.w), e.down_proj.scale});
+    d->expert_table = static_cast<const MoeExpertPtrs*>(u.raw(table.data(), table.size() * sizeof(MoeExpertPtrs)));
+  }
   d->shared = u.ffn(h.shared);
-  d->latent_down = u.lin(h.latent_down), d->latent_up = u.lin(h.latent_up);
+  d->latent_up = u.lin(h.latent_up);
   d->latent_norm = u.vec(h.latent_norm);
 }
 

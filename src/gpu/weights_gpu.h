@@ -18,6 +18,7 @@
 #include "model/ffn.h"
 #include "model/weights.h"
 #include "ops/linear.h"
+#include "ops/moe_experts.h"
 
 namespace k3::gpu {
 
@@ -53,6 +54,10 @@ struct MlaWeightsGpu {
 
 struct MoeWeightsGpu {
   LinearWeight gate;                // [n_expert, D]
+  // K3 bf16 router and latent down-projection stored as one matrix (gate / latent_down are views of it):
+  // one GEMM reads x once for both. Absent (w null) when the dtypes differ.
+  LinearWeight gate_down;           // [n_expert + d_latent, D]
+  const MoeExpertPtrs* expert_table = nullptr;  // [n_expert] device pointers, when every expert is MXFP4
   const float* bias = nullptr;      // [n_expert]
   std::vector<FfnWeights> experts;  // device views, [n_expert]
   FfnWeights shared;
