@@ -22,13 +22,12 @@
 #include "core/dtype.h"
 #include "core/gpu.h"
 #include "ops/kda_fast.h"
+#include "ops/kda_fast_prefill.cuh"
 
 using namespace k3;
-#ifdef KDA_FAST_PROFILE
-namespace k3 {
-void kda_fast_profile_read(unsigned long long* out8, bool reset);
+namespace k3::kdapre {  // the pre-pass alone (kda_fast_prefill_intra.cu), timed to split the prefill's time
+cudaError_t launch_intra(const KdaPrefillParams& p, uint32_t* ws, int64_t c0, int n_chunk, cudaStream_t st);
 }
-#endif
 
 #define CK(x)                                                                                          \
   do {                                                                                                 \
@@ -222,6 +221,82 @@ KdaPrefillParams params_of(const PrefillRun& r) {
   return p;
 }
 
+// The pre-pass scratch of chunk 0 of head h (a run whose first chunk is full) against fp64 on the host:
+// undoes the fragment layouts of kda_fast_prefill.cuh and prints rel-RMS per matrix.
+void check_scratch(const std::vector<uint16_t>& q, const std::vector<uint16_t>& k, const std::vector<uint16_t>& v,
+                   const std::vector<uint16_t>& g, const std::vector<float>& beta, int h, const GpuContext& ctx) {
+  using namespace k3::kdapre;
+  std::vector<uint32_t> w(CHUNK_WORDS);
+  CK(cudaMemcpy(w.data(), static_cast<const uint32_t*>(ctx.workspace) + size_t(h) * CHUNK_WORDS,
+                CHUNK_WORDS * 4, cudaMemcpyDeviceToHost));
+  auto X = [&](const std::vector<uint16_t>& a, int i, int d) { return double(bf16_to_f32(a[(size_t(i) * H + h) * D + d])); };
+  std::vector<double> G(64 * 128), Qe(64 * 128), Kd(64 * 128), A(64 * 64, 0.0), L(64 * 64, 0.0), T(64 * 64, 0.0);
+  for (int d = 0; d < 128; ++d) {
+    double acc = 0;
+    for (int i = 0; i < 64; ++i) acc += X(g, i, d), G[i * 128 + d] = acc;
+  }
+  for (int i = 0; i < 64; ++i)
+    for (int d = 0; d < 128; ++d) {
+      Qe[i * 128 + d] = std::exp(G[i * 128 + d]) * X(q, i, d);
+      Kd[i * 128 + d] = std::exp(G[63 * 128 + d] - G[i * 128 + d]) * X(k, i, d);
+    }
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j <= i; ++j) {
+      double a = 0, l = 0;
+      for (int d = 0; d < 128; ++d) {
+        const double e = std::exp(G[i * 128 + d] - G[j * 128 + d]);
+        a += X(q, i, d) * X(k, j, d) * e, l += X(k, i, d) * X(k, j, d) * e;
+      }
+      A[i * 64 + j] = a;
+      if (j < i) L[i * 64 + j] = beta[size_t(i) * H + h] * l;
+    }
+  for (int i = 0; i < 64; ++i)  // T = (I + L)^-1 by forward substitution, row by row
+    for (int j = 0; j <= i; ++j) {
+      double s = i == j ? 1.0 : 0.0;
+      for (int m = j; m < i; ++m) s -= L[i * 64 + m] * T[m * 64 + j];
+      T[i * 64 + j] = s;
+    }
+  std::vector<double> W(64 * 128, 0.0), U(64 * 128, 0.0);
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j <= i; ++j) {
+      const double b = beta[size_t(j) * H + h];
+      for (int d = 0; d < 128; ++d) {
+        W[i * 128 + d] += T[i * 64 + j] * b * std::exp(G[j * 128 + d]) * X(k, j, d);
+        U[i * 128 + d] += T[i * 64 + j] * b * X(v, j, d);
+      }
+    }
+  // Fragment (tile, step) element r of lane l -> (row, col).
+  auto afrag = [&](int off, int n_tile, int n_step, auto ref, int cols, bool neg, const char* name, bool lower) {
+    Rel e;
+    for (int mt = 0; mt < n_tile; ++mt)
+      for (int ks = 0; ks < n_step; ++ks) {
+        if (lower && ks >= 2 * mt + 2) continue;
+        for (int l = 0; l < 32; ++l)
+          for (int r = 0; r < 4; ++r) {
+            const int row = 16 * mt + (l >> 2) + 8 * (r & 1), col = 8 * ks + (l & 3) + 4 * (r >> 1);
+            const float x = *reinterpret_cast<const float*>(&w[off + ((mt * n_step + ks) * 32 + l) * 4 + r]);
+            e.add(neg ? -x : x, ref(row, col));
+          }
+      }
+    std::printf("  scratch %s rel-RMS %.3g\n", name, e.value());
+    (void)cols;
+  };
+  afrag(OFF_QE, 4, 16, [&](int i, int d) { return Qe[i * 128 + d]; }, 128, false, "Qe", false);
+  afrag(OFF_WN, 4, 16, [&](int i, int d) { return W[i * 128 + d]; }, 128, true, "W", false);
+  afrag(OFF_KT, 8, 8, [&](int d, int i) { return Kd[i * 128 + d]; }, 64, false, "Kd^T", false);
+  afrag(OFF_AF, 4, 8, [&](int i, int j) { return A[i * 64 + j]; }, 64, false, "A", true);
+  Rel eu, ed;
+  for (int mt = 0; mt < 4; ++mt)
+    for (int nt = 0; nt < 16; ++nt)
+      for (int l = 0; l < 32; ++l)
+        for (int r = 0; r < 4; ++r) {
+          const int row = 16 * mt + (l >> 2) + 8 * (r >> 1), col = 8 * nt + 2 * (l & 3) + (r & 1);
+          eu.add(*reinterpret_cast<const float*>(&w[OFF_UC + ((mt * 16 + nt) * 32 + l) * 4 + r]), U[row * 128 + col]);
+        }
+  for (int d = 0; d < 128; ++d) ed.add(*reinterpret_cast<const float*>(&w[OFF_DC + d]), std::exp(G[63 * 128 + d]));
+  std::printf("  scratch U rel-RMS %.3g, exp(G_C) rel-RMS %.3g\n", eu.value(), ed.value());
+}
+
 // Runs once on poisoned outputs and compares heads `heads` of every sequence with the fp64 reference.
 void check_prefill(const std::string& name, const std::vector<int>& lens, const std::vector<int>& heads,
                    GpuContext& ctx, bool zero_state = false) {
@@ -240,6 +315,7 @@ void check_prefill(const std::string& name, const std::vector<int>& lens, const 
   std::vector<int> cu(1, 0), slot(lens.size());
   for (int l : lens) cu.push_back(cu.back() + l);
   CK(cudaMemcpy(slot.data(), r.slot, slot.size() * sizeof(int), cudaMemcpyDeviceToHost));
+  if (lens.size() == 1 && lens[0] >= 64 && lens[0] <= 1024) check_scratch(q, k, v, g, beta, 5, ctx);
   int64_t unwritten = 0;
   for (uint16_t x : o)
     if (!std::isfinite(bf16_to_f32(x))) ++unwritten;
@@ -303,19 +379,18 @@ void check_prefill(const std::string& name, const std::vector<int>& lens, const 
 void time_prefill(const std::string& name, const std::vector<int>& lens, int reps, GpuContext& ctx) {
   PrefillRun r = make_prefill(lens, 77);
   KdaPrefillParams p = params_of(r);
-#ifdef KDA_FAST_PROFILE
-  unsigned long long prof[8];
-  kda_fast_profile_read(prof, true);
-#endif
   const double ms = time_ms([&](int) { ST(kda_prefill_fast_cuda(p, ctx)); }, 2, reps);
-#ifdef KDA_FAST_PROFILE
-  kda_fast_profile_read(prof, true);
-  const double n_chunk = double(reps + 2) * ((lens[0] + 63) / 64);
-  const char* names[8] = {"load", "cumsum", "A,L", "inverse", "Qe,Bk,Kd,bV", "Y=bV-BkS", "V'=TY", "O,S"};
-  std::printf("  cycles per chunk (CTA 0, thread 0):");
-  for (int i = 0; i < 8; ++i) std::printf(" %s %.0f", names[i], double(prof[i]) / n_chunk);
-  std::printf("\n");
-#endif
+  // The intra kernels alone over the same windows (as kda_prefill_fast_cuda cuts them).
+  const int64_t max_chunks = r.n_tok / 64 + int64_t(lens.size());
+  const int64_t window = std::min<int64_t>(max_chunks, ctx.workspace_bytes / kda_prefill_fast_workspace_bytes(H));
+  const double ms_intra = time_ms(
+      [&](int) {
+        for (int64_t c0 = 0; c0 < max_chunks; c0 += window)
+          CK(kdapre::launch_intra(p, static_cast<uint32_t*>(ctx.workspace), c0,
+                                  int(std::min(window, max_chunks - c0)), nullptr));
+      },
+      2, reps);
+  emit("prefill_" + name + "_intra_ms", ms_intra, "ms");
   const double bytes = double(r.n_tok) * H * (4.0 * D * 2 + 4) + 2.0 * lens.size() * H * D * D * 4;
   emit("prefill_" + name + "_ms", ms, "ms");
   emit("prefill_" + name + "_GBps", bytes / ms * 1e-6, "GB/s");
@@ -451,6 +526,12 @@ int main(int argc, char** argv) {
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   GpuContext ctx;  // ctx.stream = nullptr: the legacy stream, which the events of time_ms order with
+  // The prefill's scratch: the model's default workspace (256 MiB, src/gpu/context.h) unless K3_KDA_WS_MB says.
+  const char* ws_env = std::getenv("K3_KDA_WS_MB");
+  ctx.workspace_bytes = size_t(ws_env ? std::atoi(ws_env) : 256) << 20;
+  CK(cudaMalloc(&ctx.workspace, ctx.workspace_bytes));
+  std::printf("workspace %zu MiB: %zu chunks of 96 heads per pass\n", ctx.workspace_bytes >> 20,
+              ctx.workspace_bytes / kda_prefill_fast_workspace_bytes(H));
   // Rejection of an unsupported shape is a message, not a launch.
   {
     KdaPrefillParams bad;

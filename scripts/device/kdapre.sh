@@ -6,7 +6,7 @@
 # At most 3 files in $OUT/kdapre: run.log, kda_cuda.jsonl, triton.tar.xz.
 #
 #   here:   bash scripts/device/kdapre.sh --pack BUILD   (BUILD/bench/bench_kda* + COMMIT into .carry/dev/kdapre)
-#   device: bash scripts/device/kdapre.sh                (BINS="bench_kda ..." picks binaries; BUDGET=100)
+#   device: bash scripts/device/kdapre.sh                (.carry/dev/kdapre/PLAN picks the runs; BUDGET=100)
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$here"
@@ -30,10 +30,13 @@ left() { echo $((budget - 6 - (SECONDS - t0))); }
 commit=$(cat "$C/COMMIT" 2>/dev/null || echo unknown)
 {
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-  for name in ${BINS:-$(cd "$C" && ls bench_kda* 2>/dev/null)}; do
-    echo "== $name (t=$((SECONDS - t0)) s)"
-    timeout "${OURS_TIMEOUT:-30}" "$C/$name" "$tmp/ours_$name.json" "${MODE:-all}" 2>&1 | grep -v conv_mismatch
-  done
+  # $C/PLAN (carried, one line per run: binary mode seconds) says what to run; default: every binary, all, 30 s.
+  plan=$(cat "$C/PLAN" 2>/dev/null || (cd "$C" && ls bench_kda* 2>/dev/null | sed 's/$/ all 30/'))
+  while read -r name mode secs; do
+    [ -n "$name" ] || continue
+    echo "== $name $mode (t=$((SECONDS - t0)) s)"
+    timeout "$secs" "$C/$name" "$tmp/ours_$name.json" "$mode" 2>&1 | grep -v conv_mismatch
+  done <<<"$plan"
   if [ "${FLA:-1}" != 0 ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       "$C"/whl/*.whl && export PYTHONPATH=/tmp/site

@@ -82,6 +82,9 @@ struct KdaDecodeParams {
 
 // Checks the shape (the only one served: d_k = d_v = 128) and enqueues the kernel.
 Status kda_prefill_fast_cuda(const KdaPrefillParams& p, GpuContext& g);
+// The prefill needs g.workspace (per-chunk scratch): at least this many bytes (n_head x 144.5 KiB; one chunk
+// of 64 tokens of every head); more lets it take more chunks per pass (about a pass per workspace-full).
+size_t kda_prefill_fast_workspace_bytes(int n_head);
 Status kda_decode_fast_cuda(const KdaDecodeParams& p, GpuContext& g);
 
 // Host references in fp64 on the same inputs (pointers are HOST pointers here, same layouts): the

@@ -1,0 +1,120 @@
+// kda_fast_prefill.cuh: what the two prefill kernels share (kda_fast_prefill_intra.cu writes the per-chunk
+// scratch, kda_fast_prefill_state.cu walks the chunks with the state): the tf32 MMA, the scratch layout and
+// the map from a padded chunk index to (sequence, chunk).
+//
+// Chunks (C = 64 tokens) are numbered over the batch: sequence s owns ceil(len_s / 64) consecutive chunk
+// indices from chunk_base(s); a sequence's last chunk is padded with zero rows (q = k = v = g = beta = 0,
+// which add nothing to A, T, W, U or the state). The host knows only the bound n_tok / 64 + n_seq on the
+// number of chunks, never the count itself (no device-to-host read): kernels return early past the end.
+//
+// Scratch per (chunk c, head h), 32-bit words, fp32 values already rounded to tf32 (cvt.rna), each matrix
+// stored in the register order of mma.sync m16n8k8 fragments so that the state kernel loads them with one
+// 16-byte load per lane and no conversion:
+//   QE [4 mt][16 ks][32 lanes][4]  A operand  Qe = exp(G) q                        [64 x 128]
+//   WN [4 mt][16 ks][32 lanes][4]  A operand  -W = -T (beta exp(G) k)               [64 x 128]
+//   KT [8 mt][8 ks][32 lanes][4]   A operand  Kd^T, Kd = exp(G_C - G) k             [128 x 64]
+//   AF [4 mt][8 ks][32 lanes][4]   A operand  A (masked j <= i; blocks above the diagonal not written)
+//   UC [4 mt][16 nt][32 lanes][4]  C layout   U = T (beta V)                        [64 x 128]
+//   DC [128]                       fp32       exp(G_C), the chunk's decay per key channel
+// G = in-chunk cumulative log-decay, T = (I + L)^-1 (kda.h's WY form). Lane l: g = l / 4, t = l % 4;
+// A fragment: (g, t), (g+8, t), (g, t+4), (g+8, t+4); C: (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1);
+// B: (k = t, n = g), (t+4, g).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/kda_fast.h"
+
+namespace k3::kdapre {
+
+constexpr int C = 64, DK = 128;
+constexpr int OFF_QE = 0, OFF_WN = OFF_QE + C * DK, OFF_KT = OFF_WN + C * DK, OFF_AF = OFF_KT + C * DK;
+constexpr int OFF_UC = OFF_AF + C * C, OFF_DC = OFF_UC + C * DK, CHUNK_WORDS = OFF_DC + DK;
+constexpr size_t CHUNK_BYTES = size_t(CHUNK_WORDS) * 4;  // 147,968 bytes per (chunk, head)
+
+// Word offset of fragment (tile, step) of a matrix with n_step steps per tile, for this lane.
+__device__ __forceinline__ int frag_at(int tile, int step, int n_step, int lane) {
+  return ((tile * n_step + step) * 32 + lane) * 4;
+}
+
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint4& a, const uint32_t (&b)[2]) {
+  const uint32_t af[4] = {a.x, a.y, a.z, a.w};
+  mma_tf32(c, af, b);
+}
+
+// A operand from shared memory, A[m][k] = X[(row0 + m) * ld + k0 + k] (row-major, fp32 rounded here).
+__device__ __forceinline__ void lds_a(uint32_t (&a)[4], const float* X, int ld, int row0, int k0) {
+  const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
+  const float* x = X + (row0 + g) * ld + k0 + t;
+  a[0] = to_tf32(x[0]), a[1] = to_tf32(x[8 * ld]), a[2] = to_tf32(x[4]), a[3] = to_tf32(x[8 * ld + 4]);
+}
+// B operand, B[k][n] = X[(k0 + k) * ld + n0 + n] (fp32 rounded here).
+__device__ __forceinline__ void lds_b_kn(uint32_t (&b)[2], const float* X, int ld, int k0, int n0) {
+  const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
+  const float* x = X + (k0 + t) * ld + n0 + g;
+  b[0] = to_tf32(x[0]), b[1] = to_tf32(x[4 * ld]);
+}
+// B operand, B[k][n] = X[(n0 + n) * ld + k0 + k] (X holds B transposed: the product is A X^T).
+__device__ __forceinline__ void lds_b_nk(uint32_t (&b)[2], const float* X, int ld, int k0, int n0) {
+  const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
+  const float* x = X + (n0 + g) * ld + k0 + t;
+  b[0] = to_tf32(x[0]), b[1] = to_tf32(x[4]);
+}
+// B operand from words already in tf32, B[k][n] = X[(k0 + k) * ld + n0 + n].
+__device__ __forceinline__ void lds_b_kn_u(uint32_t (&b)[2], const uint32_t* X, int ld, int k0, int n0) {
+  const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
+  const uint32_t* x = X + (k0 + t) * ld + n0 + g;
+  b[0] = x[0], b[1] = x[4 * ld];
+}
+
+// A 16 x 8 accumulator tile (C layout) as the A fragment of one k-step (the tile's 8 columns are the k
+// index), through warp shuffles: lane (g, t) takes columns t and t + 4 of rows g and g + 8.
+__device__ __forceinline__ uint4 c_to_a(const float (&c)[4]) {
+  const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
+  const int src0 = 4 * g + (t >> 1), src1 = src0 + 2;  // holders of columns t and t + 4
+  const float r0c0 = __shfl_sync(0xffffffffu, c[0], src0), r0c1 = __shfl_sync(0xffffffffu, c[1], src0);
+  const float r1c0 = __shfl_sync(0xffffffffu, c[2], src0), r1c1 = __shfl_sync(0xffffffffu, c[3], src0);
+  const float s0c0 = __shfl_sync(0xffffffffu, c[0], src1), s0c1 = __shfl_sync(0xffffffffu, c[1], src1);
+  const float s1c0 = __shfl_sync(0xffffffffu, c[2], src1), s1c1 = __shfl_sync(0xffffffffu, c[3], src1);
+  const bool odd = t & 1;
+  return make_uint4(to_tf32(odd ? r0c1 : r0c0), to_tf32(odd ? r1c1 : r1c0), to_tf32(odd ? s0c1 : s0c0),
+                    to_tf32(odd ? s1c1 : s1c0));
+}
+
+// Sequence and first token of padded chunk index c; false past the last chunk. Every thread runs it (the
+// loop is over sequences, n_seq reads of cu_seqlens that stay in L1).
+struct ChunkPos {
+  int seq, n;         // sequence, valid rows (1..64)
+  int64_t t0;         // first token
+  bool first, last;   // the sequence's first / last chunk
+};
+__device__ inline bool chunk_pos(const KdaPrefillParams& p, int64_t c, ChunkPos& out) {
+  int64_t base = 0;
+  for (int s = 0; s < p.n_seq; ++s) {
+    const int64_t a = p.cu_seqlens[s], len = p.cu_seqlens[s + 1] - a, nc = (len + C - 1) / C;
+    if (c < base + nc) {
+      const int64_t j = c - base;
+      out.seq = s, out.t0 = a + j * C, out.n = int(len - j * C < C ? len - j * C : C);
+      out.first = j == 0, out.last = j == nc - 1;
+      return true;
+    }
+    base += nc;
+  }
+  return false;
+}
+
+}  // namespace k3::kdapre

@@ -1,0 +1,195 @@
+// kda_fast_prefill_state.cu: the state-dependent half of the chunkwise KDA prefill (kda_fast.h) and the
+// entry point kda_prefill_fast_cuda. One CTA (8 warps) per (slice of VB value columns, head, sequence) walks
+// the sequence's chunks in order with its fp32 state slice S [128, VB] in registers (warp w: rows 16w..16w+15)
+// and a tf32 copy in shared memory (the B operand). Per chunk, from the scratch of kda_fast_prefill_intra.cu:
+//   1. V' = U + (-W) S  (warps 0-3, rows 16w..)     O = Qe S  (warps 4-7)
+//   2. O += A V'; o = bf16(O)  (warps 4-7)          S <- diag(exp(G_C)) S + Kd^T V'  (all warps)
+// The value columns are independent in the recurrence, so the slices need no communication.
+// The batch's chunks are processed in windows that fit the workspace: the intra kernel fills the scratch of
+// a window, this kernel walks it, the state goes through its cache slot between windows.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <string>
+
+#include "core/cuda_check.h"
+#include "ops/kda_fast_prefill.cuh"
+
+namespace k3 {
+namespace kdapre {
+
+size_t intra_smem_bytes();
+cudaError_t launch_intra(const KdaPrefillParams& p, uint32_t* ws, int64_t c0, int n_chunk, cudaStream_t st);
+
+namespace {
+
+#ifndef KDA_PRE_VB
+#define KDA_PRE_VB 32
+#endif
+constexpr int NT = 256;
+
+template <int VB>
+struct StateSmem {
+  static constexpr int LD = VB + 8;  // B operands [k][n]: ld = 8 mod 32, conflict-free fragment reads
+  uint32_t S[DK * LD];               // tf32 copy of the state slice
+  uint32_t Vp[C * LD];               // V' (tf32)
+};
+
+template <int VB>
+__global__ void __launch_bounds__(NT, 2)
+    kda_state_kernel(const KdaPrefillParams p, const uint32_t* ws, int64_t c0, int64_t c1) {
+  constexpr int NTL = VB / 8, LD = StateSmem<VB>::LD;
+  extern __shared__ float4 smem_f4[];
+  auto& sm = *reinterpret_cast<StateSmem<VB>*>(smem_f4);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int vs = blockIdx.x, h = blockIdx.y, s = blockIdx.z, H = p.n_head;
+  int64_t base = 0;  // the sequence's first padded chunk index
+  for (int x = 0; x < s; ++x) base += (int64_t(p.cu_seqlens[x + 1]) - p.cu_seqlens[x] + C - 1) / C;
+  const int64_t tok0 = p.cu_seqlens[s], len = p.cu_seqlens[s + 1] - tok0, nc = (len + C - 1) / C;
+  const int64_t cb = base > c0 ? base : c0, ce = base + nc < c1 ? base + nc : c1;
+  const bool empty_seq = nc == 0 && c0 == 0;  // still owes its slot a zero state
+  if (cb >= ce && !empty_seq) return;
+  const int slot = p.slot ? p.slot[s] : s;
+  float* Sg = p.S + (size_t(slot) * H + h) * DK * 128 + vs * VB;  // this CTA's [128][VB] columns
+  const bool zero = p.zero_initial_state && (cb == base || empty_seq);
+  const int d0 = 16 * warp;
+  float sacc[NTL][4];
+#pragma unroll
+  for (int j = 0; j < NTL; ++j)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int d = d0 + g + 8 * (c >> 1), col = 8 * j + 2 * t + (c & 1);
+      sacc[j][c] = zero ? 0.f : Sg[size_t(d) * 128 + col];
+    }
+  const int mt = warp & 3;
+  const bool o_warp = warp >= 4;
+  for (int64_t c = cb; c < ce; ++c) {
+    const uint32_t* scr = ws + (size_t(c - c0) * H + h) * CHUNK_WORDS;
+    if (vs == 0 && tid == 0 && c + 1 < ce) {  // the next chunk's scratch into L2 while this one runs
+      const uint32_t* nx = scr + size_t(H) * CHUNK_WORDS;
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(nx), "r"(uint32_t(CHUNK_BYTES)) : "memory");
+    }
+    const float dec0 = __uint_as_float(__ldg(scr + OFF_DC + d0 + g));
+    const float dec1 = __uint_as_float(__ldg(scr + OFF_DC + d0 + g + 8));
+#pragma unroll
+    for (int j = 0; j < NTL; ++j)
+#pragma unroll
+      for (int c2 = 0; c2 < 4; ++c2) sm.S[(d0 + g + 8 * (c2 >> 1)) * LD + 8 * j + 2 * t + (c2 & 1)] = to_tf32(sacc[j][c2]);
+    __syncthreads();
+    // 1. V' = U - W S (warps 0-3) or O = Qe S (warps 4-7), rows 16 mt.., all VB columns.
+    float acc[NTL][4];
+    const uint4* X = reinterpret_cast<const uint4*>(scr + (o_warp ? OFF_QE : OFF_WN));
+    const float4* U = reinterpret_cast<const float4*>(scr + OFF_UC);
+#pragma unroll
+    for (int j = 0; j < NTL; ++j) {
+      const float4 u = o_warp ? make_float4(0.f, 0.f, 0.f, 0.f) : __ldg(U + frag_at(mt, vs * NTL + j, 16, lane) / 4);
+      acc[j][0] = u.x, acc[j][1] = u.y, acc[j][2] = u.z, acc[j][3] = u.w;
+    }
+    uint4 af[16];
+#pragma unroll
+    for (int ks = 0; ks < 16; ++ks) af[ks] = __ldg(X + frag_at(mt, ks, 16, lane) / 4);
+#pragma unroll
+    for (int ks = 0; ks < 16; ++ks)
+#pragma unroll
+      for (int j = 0; j < NTL; ++j) {
+        uint32_t b[2];
+        lds_b_kn_u(b, sm.S, LD, 8 * ks, 8 * j);
+        mma_tf32(acc[j], af[ks], b);
+      }
+    if (!o_warp) {
+#pragma unroll
+      for (int j = 0; j < NTL; ++j)
+#pragma unroll
+        for (int c2 = 0; c2 < 4; ++c2) sm.Vp[(16 * mt + g + 8 * (c2 >> 1)) * LD + 8 * j + 2 * t + (c2 & 1)] = to_tf32(acc[j][c2]);
+    }
+    __syncthreads();
+    // 2. O += A V' (A is lower triangular: k-steps < 2 mt + 2); S <- exp(G_C) S + Kd^T V'.
+    if (o_warp) {
+      const uint4* Af = reinterpret_cast<const uint4*>(scr + OFF_AF);
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks) {
+        if (ks < 2 * mt + 2) {
+          const uint4 a = __ldg(Af + frag_at(mt, ks, 8, lane) / 4);
+#pragma unroll
+          for (int j = 0; j < NTL; ++j) {
+            uint32_t b[2];
+            lds_b_kn_u(b, sm.Vp, LD, 8 * ks, 8 * j);
+            mma_tf32(acc[j], a, b);
+          }
+        }
+      }
+      const int64_t t0 = tok0 + (c - base) * C;
+      const int n = int(len - (c - base) * C < C ? len - (c - base) * C : C);
+#pragma unroll
+      for (int j = 0; j < NTL; ++j)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int i = 16 * mt + g + 8 * hh;
+          if (i < n)
+            *reinterpret_cast<__nv_bfloat162*>(p.o + (size_t(t0 + i) * H + h) * 128 + vs * VB + 8 * j + 2 * t) =
+                __floats2bfloat162_rn(acc[j][2 * hh], acc[j][2 * hh + 1]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NTL; ++j) {
+      sacc[j][0] *= dec0, sacc[j][1] *= dec0, sacc[j][2] *= dec1, sacc[j][3] *= dec1;
+    }
+    const uint4* Kt = reinterpret_cast<const uint4*>(scr + OFF_KT);
+    uint4 kf[8];
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) kf[ks] = __ldg(Kt + frag_at(warp, ks, 8, lane) / 4);
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+      for (int j = 0; j < NTL; ++j) {
+        uint32_t b[2];
+        lds_b_kn_u(b, sm.Vp, LD, 8 * ks, 8 * j);
+        mma_tf32(sacc[j], kf[ks], b);
+      }
+    __syncthreads();  // Vp and S reads done before the next chunk writes them
+  }
+#pragma unroll
+  for (int j = 0; j < NTL; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int d = d0 + g + 8 * hh;
+      *reinterpret_cast<float2*>(Sg + size_t(d) * 128 + 8 * j + 2 * t) = make_float2(sacc[j][2 * hh], sacc[j][2 * hh + 1]);
+    }
+}
+
+template <int VB>
+cudaError_t launch_state(const KdaPrefillParams& p, const uint32_t* ws, int64_t c0, int64_t c1, cudaStream_t st) {
+  const size_t smem = sizeof(StateSmem<VB>);
+  cudaError_t e = cudaFuncSetAttribute(kda_state_kernel<VB>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (e != cudaSuccess) return e;
+  kda_state_kernel<VB><<<dim3(128 / VB, unsigned(p.n_head), unsigned(p.n_seq)), NT, smem, st>>>(p, ws, c0, c1);
+  return cudaGetLastError();
+}
+
+}  // namespace
+}  // namespace kdapre
+
+size_t kda_prefill_fast_workspace_bytes(int n_head) { return size_t(n_head) * kdapre::CHUNK_BYTES; }
+
+Status kda_prefill_fast_cuda(const KdaPrefillParams& p, GpuContext& g) {
+  using namespace kdapre;
+  Status st = kda_prefill_fast_check(p);
+  if (!st.ok()) return st;
+  if (p.n_tok == 0) return ok_status();
+  const size_t per_chunk = size_t(p.n_head) * CHUNK_BYTES;
+  if (!g.workspace || g.workspace_bytes < per_chunk)
+    return error(Code::invalid_argument, "kda_prefill_fast: the GPU workspace (" + std::to_string(g.workspace_bytes) +
+                                             " bytes) holds no chunk of n_head=" + std::to_string(p.n_head) +
+                                             " (needs " + std::to_string(per_chunk) + " bytes)");
+  const int64_t max_chunks = p.n_tok / C + p.n_seq;  // >= sum of ceil(len / 64); the kernels skip the rest
+  const int64_t window = std::min<int64_t>(max_chunks, int64_t(g.workspace_bytes / per_chunk));
+  uint32_t* ws = static_cast<uint32_t*>(g.workspace);
+  for (int64_t c0 = 0; c0 < max_chunks; c0 += window) {
+    const int64_t c1 = std::min(max_chunks, c0 + window);
+    K3_CUDA_CHECK(launch_intra(p, ws, c0, int(c1 - c0), g.stream));
+    K3_CUDA_CHECK(launch_state<KDA_PRE_VB>(p, ws, c0, c1, g.stream));
+  }
+  return ok_status();
+}
+
+}  // namespace k3
