@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -28,11 +29,31 @@
 namespace k3::gpu {
 
 struct ModelWeightsGpu;
+struct GpuCtx;
 class GpuModel;
+class StepRunner;
+
+// Per-module device time of one forward call (GpuModel::set_profile): CUDA events around every piece of
+// the step (step_graph.cuh), summed by module. "norm" holds the RMSNorms, residual adds and Block AttnRes.
+enum class GpuModule : int { embed, kda, mla, moe, ffn, norm, lm_head, count };
+const char* gpu_module_name(GpuModule m);
+struct GpuStepProfile {
+  float ms[int(GpuModule::count)] = {};
+  float total_ms = 0.f;  // first piece's start to last piece's end
+  int n_pieces = 0;
+};
+// CUDA-graph decode steps so far (ModelOptions::cuda_graph).
+struct GpuGraphStats {
+  int graph_steps = 0, eager_steps = 0;  // decode steps run with graphs / without (first of a bucket, ...)
+  int captures = 0, replays = 0, failed = 0;  // graph segments captured, replayed, failed to capture
+  std::string eager_reason;                   // why the last failed capture failed
+};
 
 struct KdaStateGpu {
-  float* S = nullptr;     // [H, K, V] fp32
-  float* conv = nullptr;  // [3, W-1, H*K] pre-conv q~, k~, v~ rows, oldest first
+  float* S = nullptr;          // [H, K, V] fp32
+  float* conv = nullptr;       // [3, W-1, H*K] pre-conv q~, k~, v~ rows, oldest first (generic kernels)
+  uint16_t* conv16 = nullptr;  // instead of conv on the fast path (bf16 mode, K = V = 128, W = 4): the same
+                               // window in bf16, exact (the pre-conv rows are a bf16 rounding point)
 };
 struct MlaStateGpu {
   float* latent = nullptr;   // [cap, d_latent] rows [c | r]; rows [0, n_past) valid
@@ -97,15 +118,45 @@ class GpuModel {
   using LayerInputFn = std::function<const float*(int layer, int64_t n)>;
   void set_layer_inputs(LayerInputFn fn) { inject_ = std::move(fn); }
 
+  // Decode steps (every sequence of the call adds one token; no trace, no layer inputs, at most 64
+  // sequences) run as CUDA graphs unless ModelOptions::cuda_graph is false: the batch is padded to a bucket
+  // (1, 2, 4, 8, 16, 32, 64) with scratch sequences, the step's pieces run in piecewise graphs captured at
+  // the bucket's second step (the first runs eagerly: it warms up cuBLAS and the kernels' lazy set-up) and
+  // replayed after that with only the token ids copied in; the MLA / DSA attention sub-layers run eagerly
+  // between the graphs because their kernels take the positions as host values (step_graph.cuh). Scratch
+  // comes from one device arena sized for the largest bucket. Results equal the eager run bit for bit.
+  void set_cuda_graph(bool on) { graphs_on_ = on; }
+  // Benchmark / check hooks on a loaded model (the uploaded weights do not depend on either).
+  void set_precision(Precision p) { opt_.precision = p; }
+  void set_trace(std::function<void(const char*, int, const float*, int64_t)> fn) { opt_.trace = std::move(fn); }
+  GpuGraphStats graph_stats() const;
+  // Benchmark hook: while set, every call runs eagerly with CUDA events around each piece and *p receives
+  // the last call's per-module times. Null: off.
+  void set_profile(GpuStepProfile* p) { profile_ = p; }
+
+  // Benchmark hook: makes `st` a sequence of n_past tokens without a prefill: random KDA states and conv
+  // windows, random latent / index-key cache rows (O(1) values, bf16-representable), capacity for
+  // n_past + headroom rows. The numbers are meaningless; the bytes and shapes are those of a real context.
+  Status fill_synthetic(GpuSeqState& st, int64_t n_past, uint64_t seed, int64_t headroom = 64);
+
  private:
   struct Impl;
   GpuModel(const ModelConfig& cfg, const ModelOptions& opt);
   Status run(std::span<GpuSeqState* const> states, const int32_t* tokens, std::span<const int64_t> row0,
              std::span<const int64_t> out_rows, float* logits);
+  // One decode step of n = states.size() sequences as CUDA graphs (see set_cuda_graph); logits [n, n_vocab].
+  Status run_graph_step(std::span<GpuSeqState* const> states, const int32_t* tokens, float* logits);
+  bool graph_step_ok(size_t n_seq) const;
+  // The layer loop as pieces (step_graph.cuh): tok [n_tok] and rows [n_out] device arrays, z [n_out, V].
+  Status enqueue(StepRunner& r, const GpuCtx& c, std::span<GpuSeqState* const> states, const int32_t* tok,
+                 std::span<const int64_t> row0, const int64_t* rows, int64_t n_out, float* z);
+  void init_ctx(GpuCtx* c, Status* guard);
   const ModelConfig& cfg_;
   ModelOptions opt_;
   int device_ = 0;
   LayerInputFn inject_;
+  bool graphs_on_ = true;
+  GpuStepProfile* profile_ = nullptr;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,14 +1,18 @@
 // state_gpu.cu: per-sequence state on the device (model_gpu.h GpuSeqState), the twin of model/state.cpp.
 //
-//   KDA layers: S [H, K, V] and the conv window [3, W-1, H*K], all layers in one allocation, zeroed at start
+//   KDA layers: S [H, K, V] and the conv window [3, W-1, H*K], all layers in one allocation, zeroed at start;
+//               the window is bf16 (conv16) when the fast kernels run (bf16 mode, K = V = 128, W = 4; exact, as
+//               the pre-conv rows are a bf16 rounding point), fp32 otherwise. K3_KDA_GENERIC=1 forces fp32.
 //   MLA layers: latent rows [cap, d_latent] (+ DSA index keys [cap, Di]), grown by doubling before a call
 // Copies to and from a host SeqState use the same layouts, so a sequence can move between CPU and GPU.
 #include "core/cuda_check.h"
+#include "core/dtype.h"
 #include "gpu/model_gpu.h"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace k3::gpu {
 
@@ -29,6 +33,21 @@ int64_t n_kda_layers(const ModelConfig& c) {
 int64_t index_width(const ModelConfig& c, int layer) {
   return c.layer_attn[size_t(layer)] == AttnKind::dsa ? c.dsa.d_head : 0;
 }
+// The fast KDA kernels (ops/kda_fast.h) serve bf16 mode with K = V = 128 and a conv of width 4.
+bool kda_fast(const ModelConfig& c, Precision p) {
+  const char* e = std::getenv("K3_KDA_GENERIC");
+  return p == Precision::bf16 && c.kda.d_head == 128 && c.kda.conv_size == 4 && !(e && e[0] == '1');
+}
+// Bytes of one KDA layer's state: S, then the window (bf16 or fp32), rounded up to 256.
+int64_t kda_layer_bytes(const ModelConfig& c, bool fast) {
+  const int64_t b = kda_s_floats(c) * 4 + kda_conv_floats(c) * (fast ? 2 : 4);
+  return (b + 255) / 256 * 256;
+}
+bool has_conv16(const std::vector<KdaStateGpu>& kda) {
+  for (const KdaStateGpu& k : kda)
+    if (k.conv16) return true;
+  return false;
+}
 
 }  // namespace
 
@@ -43,14 +62,21 @@ Result<std::unique_ptr<GpuSeqState>> GpuModel::new_state() {
   const int L = cfg_.n_layer;
   s->kda.assign(size_t(L), {});
   s->mla.assign(size_t(L), {});
-  const int64_t per = kda_s_floats(cfg_) + kda_conv_floats(cfg_);
+  const bool fast = kda_fast(cfg_, opt_.precision);
+  const int64_t per = kda_layer_bytes(cfg_, fast);
   const int64_t n_kda = n_kda_layers(cfg_);
   if (n_kda > 0) {
-    K3_CUDA_CHECK(cudaMalloc(&s->kda_block_, size_t(per * n_kda) * 4));
-    float* q = s->kda_block_;
+    K3_CUDA_CHECK(cudaMalloc(&s->kda_block_, size_t(per * n_kda)));
+    char* q = reinterpret_cast<char*>(s->kda_block_);
     for (int l = 0; l < L; ++l)
       if (cfg_.layer_attn[size_t(l)] == AttnKind::kda) {
-        s->kda[size_t(l)] = {q, q + kda_s_floats(cfg_)};
+        KdaStateGpu& k = s->kda[size_t(l)];
+        k.S = reinterpret_cast<float*>(q);
+        char* w = q + kda_s_floats(cfg_) * 4;
+        if (fast)
+          k.conv16 = reinterpret_cast<uint16_t*>(w);
+        else
+          k.conv = reinterpret_cast<float*>(w);
         q += per;
       }
   }
@@ -62,8 +88,7 @@ Status GpuSeqState::reset() {
   n_past_ = 0;
   const int64_t n_kda = n_kda_layers(*cfg_);
   if (kda_block_)
-    K3_CUDA_CHECK(
-        cudaMemset(kda_block_, 0, size_t((kda_s_floats(*cfg_) + kda_conv_floats(*cfg_)) * n_kda) * 4));
+    K3_CUDA_CHECK(cudaMemset(kda_block_, 0, size_t(kda_layer_bytes(*cfg_, has_conv16(kda)) * n_kda)));
   K3_CUDA_CHECK(cudaDeviceSynchronize());
   return ok_status();
 }
@@ -94,7 +119,7 @@ Status GpuSeqState::reserve(int64_t n) {
 }
 
 int64_t GpuSeqState::bytes() const {
-  int64_t n = (kda_s_floats(*cfg_) + kda_conv_floats(*cfg_)) * n_kda_layers(*cfg_) * 4;
+  int64_t n = kda_layer_bytes(*cfg_, has_conv16(kda)) * n_kda_layers(*cfg_);
   for (int l = 0; l < cfg_->n_layer; ++l)
     if (cfg_->layer_attn[size_t(l)] != AttnKind::kda)
       n += mla[size_t(l)].cap * (cfg_->mla.d_latent() + index_width(*cfg_, l)) * 4;
@@ -110,8 +135,14 @@ Status GpuSeqState::download(SeqState* host) const {
       k.S.resize(size_t(kda_s_floats(*cfg_)));
       k.conv.resize(size_t(kda_conv_floats(*cfg_)));
       K3_CUDA_CHECK(cudaMemcpy(k.S.data(), kda[size_t(l)].S, k.S.size() * 4, cudaMemcpyDeviceToHost));
-      K3_CUDA_CHECK(
-          cudaMemcpy(k.conv.data(), kda[size_t(l)].conv, k.conv.size() * 4, cudaMemcpyDeviceToHost));
+      if (const uint16_t* c16 = kda[size_t(l)].conv16) {  // bf16 window: widened exactly
+        std::vector<uint16_t> h(k.conv.size());
+        K3_CUDA_CHECK(cudaMemcpy(h.data(), c16, h.size() * 2, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < h.size(); ++i) k.conv[i] = bf16_to_f32(h[i]);
+      } else {
+        K3_CUDA_CHECK(
+            cudaMemcpy(k.conv.data(), kda[size_t(l)].conv, k.conv.size() * 4, cudaMemcpyDeviceToHost));
+      }
       continue;
     }
     MlaState& m = host->mla[size_t(l)];
@@ -140,8 +171,14 @@ Status GpuSeqState::upload(const SeqState& host) {
         return error(Code::invalid_argument,
                      "upload: KDA state of layer " + std::to_string(l) + " has the wrong size");
       K3_CUDA_CHECK(cudaMemcpy(kda[size_t(l)].S, k.S.data(), k.S.size() * 4, cudaMemcpyHostToDevice));
-      K3_CUDA_CHECK(
-          cudaMemcpy(kda[size_t(l)].conv, k.conv.data(), k.conv.size() * 4, cudaMemcpyHostToDevice));
+      if (uint16_t* c16 = kda[size_t(l)].conv16) {  // a bf16-mode CPU state holds bf16 values: exact
+        std::vector<uint16_t> h(k.conv.size());
+        for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_bf16(k.conv[i]);
+        K3_CUDA_CHECK(cudaMemcpy(c16, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+      } else {
+        K3_CUDA_CHECK(
+            cudaMemcpy(kda[size_t(l)].conv, k.conv.data(), k.conv.size() * 4, cudaMemcpyHostToDevice));
+      }
       continue;
     }
     const MlaState& m = host.mla[size_t(l)];

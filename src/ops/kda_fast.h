@@ -64,6 +64,9 @@ struct KdaDecodeParams {
   float* S = nullptr;              // [n_slot, n_head, d_k, d_v] fp32, updated in place
   uint16_t* conv = nullptr;        // [n_slot, 3, 3, n_head * d_k] bf16 last 3 pre-conv inputs, oldest first
   uint16_t* out = nullptr;         // [n_seq, n_head * d_v] bf16 gated-norm output (the o_proj input)
+  // Optional: the k and v conv taps [n_head * d_k, 4] in arrays of their own (conv_w then holds q's only).
+  const float* conv_w_k = nullptr;
+  const float* conv_w_v = nullptr;
   // KL's gate form g = -exp(A_log_h) softplus(f + dt_bias) instead of g_lower sigmoid(exp(A_log_h) (f + dt_bias)).
   bool softplus_gate = false;
   // Per-sequence state pointers instead of S / conv + slot (device arrays [n_seq] of device pointers): sequence

@@ -26,6 +26,9 @@ namespace {
 #ifndef KDA_DECODE_TMA
 #define KDA_DECODE_TMA 1
 #endif
+#ifndef KDA_DECODE_CTAS  // CTAs per SM the TMA version is sized for (3 x 74 KB of shared memory)
+#define KDA_DECODE_CTAS 3
+#endif
 constexpr int DK = 128, DV = 128, NT = 256, NW = NT / 32, ROWS = DK / NW;
 constexpr unsigned kStateBytes = DK * DV * 4;
 
@@ -70,7 +73,8 @@ __device__ inline float2 prologue(const KdaDecodeParams& p, Smem& sm, int h, int
   }
   for (int e = tid; e < 3 * DK; e += NT) {  // short conv (width 4) over [x_{t-3}, x_{t-2}, x_{t-1}] and x_t
     const int m = e / DK, c = e % DK, ch = h * DK + c;
-    const float4 w = reinterpret_cast<const float4*>(p.conv_w)[size_t(m) * HK + ch];
+    const float* cw = m == 0 || !p.conv_w_k ? p.conv_w + size_t(m) * HK * 4 : (m == 1 ? p.conv_w_k : p.conv_w_v);
+    const float4 w = reinterpret_cast<const float4*>(cw)[ch];
     uint16_t* win = conv + size_t(m) * 3 * HK + ch;
     const uint16_t cur = p.qkv[(size_t(b) * 3 + m) * HK + ch];
     const uint16_t w0 = win[0], w1 = win[HK], w2 = win[2 * HK];
@@ -148,7 +152,7 @@ __device__ inline uint32_t smem_addr(const void* p) {
   return uint32_t(__cvta_generic_to_shared(p));
 }
 
-__global__ void __launch_bounds__(NT, 3) kda_decode_kernel(const KdaDecodeParams p) {
+__global__ void __launch_bounds__(NT, KDA_DECODE_CTAS) kda_decode_kernel(const KdaDecodeParams p) {
   extern __shared__ __align__(128) float4 Ss[];  // [DK][DV / 4] the state
   __shared__ Smem sm;
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;

@@ -65,7 +65,7 @@ Status kda_decode_fast_check(const KdaDecodeParams& p) {
   if (p.n_seq <= 0) return error(Code::invalid_argument, what + "bad batch n_seq=" + std::to_string(p.n_seq));
   const bool per_seq = p.S_seq && p.conv_seq, slots = p.slot && p.S && p.conv;
   if (!p.qkv || !p.conv_w || !p.f || !p.dt_bias || !p.A_log || !p.b || !p.gate || !p.o_norm || !p.out ||
-      !(per_seq || slots))
+      !(per_seq || slots) || !p.conv_w_k != !p.conv_w_v)
     return error(Code::invalid_argument,
                  what + "a required pointer is null (" + shape_of(p.n_head, p.d_k, p.d_v) + ")");
   return ok_status();
@@ -105,7 +105,8 @@ void kda_decode_fast_ref(const KdaDecodeParams& p) {
     // Short conv over the window + the current input, SiLU, bf16; then roll the window.
     for (int m = 0; m < 3; ++m)
       for (int c = 0; c < HK; ++c) {
-        const float* w = p.conv_w + (size_t(m) * HK + c) * 4;
+        const float* w = (m == 0 || !p.conv_w_k ? p.conv_w + size_t(m) * HK * 4 : m == 1 ? p.conv_w_k : p.conv_w_v) +
+                         size_t(c) * 4;
         const uint16_t cur = p.qkv[(size_t(b) * 3 + m) * HK + c];
         uint16_t* wc = win + size_t(m) * 3 * HK + c;
         double y = double(w[3]) * bf(cur);
