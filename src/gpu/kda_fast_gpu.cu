@@ -12,6 +12,7 @@
 //   out = o_proj y
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "gpu/blocks_gpu.cuh"
@@ -50,6 +51,16 @@ __global__ void pack_kernel(PackArgs a) {
   a.f16[i] = to_bf16(a.f[r]);
   a.gate16[i] = to_bf16(a.gate[r]);
   if (ch < a.H) a.b16[s * a.H + ch] = to_bf16(a.b[a.rows[s] * a.H + ch]);
+}
+
+// Host values to device memory through a kernel's parameters (a graph-capturable "upload" of a small table).
+constexpr int kTab = 256;
+struct Table {
+  uint64_t v[kTab];
+  int n;
+};
+__global__ void table_kernel(Table t, uint64_t* dst) {
+  if (int(threadIdx.x) < t.n) dst[threadIdx.x] = t.v[threadIdx.x];
 }
 
 // dst[rows[s], :] = src[s, :] (T = float or bf16 bits); rows == nullptr: dst[i] = src[i].
@@ -179,7 +190,12 @@ Status kda_forward_fast_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWe
       h[size_t(2 * nd + i)] = reinterpret_cast<uint64_t>(Cp[size_t(i)]);
     }
     K3_RETURN_IF_ERROR(tab.alloc_bytes(c, h.size() * 8));
-    K3_CUDA_CHECK(cudaMemcpyAsync(tab.f(), h.data(), h.size() * 8, cudaMemcpyHostToDevice, c.stream()));
+    for (size_t i0 = 0; i0 < h.size(); i0 += kTab) {  // no host memcpy in the step: it may be a CUDA graph
+      Table t;
+      t.n = int(std::min(h.size() - i0, size_t(kTab)));
+      std::copy_n(h.begin() + long(i0), t.n, t.v);
+      table_kernel<<<1, kTab, 0, c.stream()>>>(t, tab.as<uint64_t>() + i0);
+    }
     const int64_t* drows = tab.as<int64_t>();
     K3_RETURN_IF_ERROR(qkv16.alloc_bytes(c, size_t(nd * 3 * HK) * 2));
     K3_RETURN_IF_ERROR(f16.alloc_bytes(c, size_t(nd * HK) * 2));

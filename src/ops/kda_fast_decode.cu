@@ -17,6 +17,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "core/cuda_check.h"
 #include "ops/kda_fast.h"
 
@@ -255,10 +257,16 @@ Status kda_decode_fast_cuda(const KdaDecodeParams& p, GpuContext& g) {
   if (!st.ok()) return st;
   const dim3 grid(unsigned(p.n_head), unsigned(p.n_seq));
 #if KDA_DECODE_TMA
-  // 64 KB of dynamic shared memory needs the opt-in (a host-side attribute, not a stream operation; set on
-  // every call because it is per device).
-  K3_CUDA_CHECK(
-      cudaFuncSetAttribute(kda_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStateBytes)));
+  // 64 KB of dynamic shared memory needs the opt-in: once per device (a host-side attribute, not a stream
+  // operation; the first call is normally an eager one, before any graph capture).
+  static std::atomic<bool> opted_in[64] = {};
+  int dev = 0;
+  K3_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= 64 || !opted_in[dev].load()) {
+    K3_CUDA_CHECK(
+        cudaFuncSetAttribute(kda_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStateBytes)));
+    if (dev < 64) opted_in[dev] = true;
+  }
   kda_decode_kernel<<<grid, NT, kStateBytes, g.stream>>>(p);
 #else
   kda_decode_kernel<<<grid, NT, 0, g.stream>>>(p);
