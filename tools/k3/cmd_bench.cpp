@@ -17,6 +17,10 @@
 // The median of REPS runs is reported. --jsonl appends one JSON object per result: bench, commit (--commit
 // or $K3_COMMIT), machine ($K3_MACHINE or host + CPU), metric, value, unit, peer, peer_value, ratio, goal,
 // met.
+// --device cuda: the ceiling is the device's copy bandwidth (a 1 GiB device-to-device copy, bytes read +
+// written, median of 10, measured in the same run), and every test gets a byte floor: decode step = bytes/step
+// above / copy bandwidth; prefill = (weights + the state after the prompt) / copy bandwidth. ratio = floor /
+// measured time (1 = at the floor). The KDA path (fast bf16 kernels or the generic exact ones) is printed.
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,6 +38,7 @@
 #include "core/bandwidth.h"
 #include "core/thread_pool.h"
 #include "engine_args.h"
+#include "gpu/context.h"
 
 namespace k3::cli {
 namespace {
@@ -111,7 +116,39 @@ struct Row {
   std::string test;
   int batch = 1;
   double tok_s = 0, ms_step = 0, bytes_step = 0, gb_s = 0, frac = -1, cpu = 0;
+  double floor_ms = -1;  // --device cuda: bytes / device copy bandwidth for this test's call or step
 };
+
+// Device-to-device copy of 1 GiB, median of 10 (after 2 warm-ups): (bytes read + written) / s.
+Result<double> device_copy_bandwidth() {
+  gpu::ContextOwner ctx;
+  K3_RETURN_IF_ERROR(ctx.create());
+  const size_t n = size_t(1) << 30;
+  void *a = nullptr, *b = nullptr;
+  K3_RETURN_IF_ERROR(gpu::malloc_device(&a, n));
+  Status st = gpu::malloc_device(&b, n);
+  std::vector<double> t;
+  if (st.ok()) st = gpu::memset_device(a, 1, n, ctx.get());
+  for (int i = 0; st.ok() && i < 12; ++i) {
+    st = gpu::synchronize(ctx.get());
+    const double t0 = now_s();
+    if (st.ok()) st = gpu::copy_on_device(b, a, n, ctx.get());
+    if (st.ok()) st = gpu::synchronize(ctx.get());
+    if (i >= 2) t.push_back(now_s() - t0);
+  }
+  gpu::free_device(a);
+  gpu::free_device(b);
+  K3_RETURN_IF_ERROR(st);
+  return 2.0 * double(n) / median(t);
+}
+
+// Which KDA kernels a GPU sequence runs: the fast ones keep a bf16 conv window (gpu/model_gpu.h).
+const char* kda_path(const Sequence& s) {
+  if (!s.gpu_state) return "cpu";
+  for (const gpu::KdaStateGpu& k : s.gpu_state->kda)
+    if (k.S) return k.conv16 ? "fast bf16 kernels (ops/kda_fast.h)" : "generic exact kernels (ops/kda.h)";
+  return "none (no KDA layer)";
+}
 
 Status run(const BenchArgs& a) {
   if (a.n_decode < 1 || a.reps < 1) return error(Code::invalid_argument, "-n and -r must be at least 1");
@@ -136,25 +173,35 @@ Status run(const BenchArgs& a) {
   std::uniform_int_distribution<int32_t> any_id(0, c.n_vocab - 1);
   std::vector<Row> rows;
   std::vector<float> logits;
+  std::string kda = "cpu";
+  double copy_bw = 0;  // --device cuda
+  if (l.gpu) {
+    K3_ASSIGN_OR_RETURN(copy_bw, device_copy_bandwidth());
+  }
   {  // warm-up: page in the weights, start the threads
     K3_ASSIGN_OR_RETURN(auto s, new_sequence(l));
     const int32_t id = any_id(rng);
     K3_RETURN_IF_ERROR(s->forward(&id, 1, &logits, false));
+    kda = kda_path(*s);
   }
   for (int p : a.prompt_lens) {
     std::vector<int32_t> ids(static_cast<size_t>(p));
     for (auto& id : ids) id = any_id(rng);
     std::vector<double> t;
-    double wall = 0, cpu = 0;
+    double wall = 0, cpu = 0, state = 0;
     for (int r = 0; r < a.reps; ++r) {
       K3_ASSIGN_OR_RETURN(auto s, new_sequence(l));
       const double t0 = now_s(), c0 = cpu_s();
       K3_RETURN_IF_ERROR(s->forward(ids.data(), p, &logits, false));
       t.push_back(now_s() - t0);
       wall += t.back(), cpu += cpu_s() - c0;
+      state = double(s->bytes());
     }
     const double tm = median(t);
     rows.push_back({"pp" + std::to_string(p), 1, p / tm, tm * 1e3, 0, 0, -1, cpu / (wall * threads)});
+    if (l.gpu)  // every weight read once (routed experts: the distinct ones of p tokens) + the state written
+      rows.back().floor_ms =
+          (double(wb.dense) + double(wb.expert_each) * distinct_experts(c, p) + state) / copy_bw * 1e3;
   }
   for (int b : a.batches) {
     std::vector<double> t;
@@ -189,6 +236,7 @@ Status run(const BenchArgs& a) {
     const double gbs = bytes * a.n_decode / tm / 1e9;
     rows.push_back({"tg" + std::to_string(a.n_decode), b, double(b) * a.n_decode / tm, tm * 1e3 / a.n_decode,
                     bytes, gbs, gbs * 1e9 / bw.bytes_per_s, cpu / (wall * threads)});
+    if (l.gpu) rows.back().floor_ms = bytes / copy_bw * 1e3;
   }
 
   std::printf("k3 bench: %s (%s), precision %s, %d threads%s\n", a.model.dir.c_str(), family_name(c.family),
@@ -196,6 +244,14 @@ Status run(const BenchArgs& a) {
               l.gpu ? ", device cuda (% of bw: against the host's read bandwidth, not the GPU's)" : "");
   std::printf("read bandwidth: %.2f GB/s (median %.2f; %lld MiB buffer, %d passes)\n", bw.bytes_per_s / 1e9,
               bw.median_bytes_per_s / 1e9, (long long)(bw.buffer_bytes >> 20), bw.n_passes);
+  if (l.gpu) {
+    std::printf("device copy bandwidth: %.1f GB/s (1 GiB device-to-device, read + write); KDA: %s\n",
+                copy_bw / 1e9, kda.c_str());
+    std::printf("byte floor per call (prefill) or step (decode) at that bandwidth; ratio = floor / measured:\n");
+    for (const Row& r : rows)
+      std::printf("  %-8s b%-3d %10.3f ms measured, floor %8.3f ms, ratio %.3f\n", r.test.c_str(), r.batch,
+                  r.ms_step, r.floor_ms, r.floor_ms / r.ms_step);
+  }
   std::printf("| %-8s | %5s | %12s | %10s | %12s | %8s | %8s | %6s |\n", "test", "batch", "tokens/s",
               "ms/step", "bytes/step", "GB/s", "% of bw", "cpu %");
   std::printf("|----------|-------|--------------|------------|--------------|----------|----------|--------|\n");
@@ -227,6 +283,19 @@ Status run(const BenchArgs& a) {
       return j;
     };
     out << line("read bandwidth" + cfg, bw.bytes_per_s / 1e9, "GB/s").dump() << "\n";
+    if (l.gpu) {
+      out << line("device copy bandwidth" + cfg, copy_bw / 1e9, "GB/s").dump() << "\n";
+      for (const Row& r : rows) {  // time per call / step against its byte floor
+        const bool dec = r.frac >= 0;
+        nlohmann::ordered_json j = line((dec ? "decode ms/step " : "prefill ms ") + r.test + " b" +
+                                            std::to_string(r.batch) + cfg + " kda:" + kda.substr(0, kda.find(' ')),
+                                        r.ms_step, "ms");
+        j["peer"] = "byte floor (weights + state bytes / device copy bandwidth)";
+        j["peer_value"] = r.floor_ms;
+        j["ratio"] = r.floor_ms / r.ms_step;
+        out << j.dump() << "\n";
+      }
+    }
     for (const Row& r : rows) {
       nlohmann::ordered_json j =
           line((r.frac < 0 ? "prefill " : "decode ") + r.test + " b" + std::to_string(r.batch) + cfg, r.tok_s,
