@@ -24,6 +24,11 @@ if [ "${1:-}" = "--pack" ]; then  # runs HERE
   for f in "$build"/bench/bench_kda* ${PACK_TESTS:+"$build/k3_tests"} ${PACK_K3:+"$build/k3"}; do
     [ -x "$f" ] && cp "$f" /tmp/kdadec_pack/ && strip -s "/tmp/kdadec_pack/$(basename "$f")"
   done
+  mkdir -p /tmp/kdadec_pack/lib  # the non-CUDA shared libraries the device image may lack (httplib, xxhash)
+  ls /tmp/kdadec_pack | grep -v '^lib$' | sed 's|^|/tmp/kdadec_pack/|' | xargs -r ldd 2>/dev/null |
+    awk '/=> \//{print $3}' | sort -u |
+    grep -v -E 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libcuda|libcublas|libcudart|libpthread|libdl|librt' |
+    xargs -r -I{} cp -L {} /tmp/kdadec_pack/lib/
   tar -cJf "$C/pack.tar.xz" -C /tmp/kdadec_pack .
   git rev-parse --short HEAD >"$C/COMMIT"
   ls -la "$C"
@@ -37,7 +42,7 @@ t0=$SECONDS
 left() { echo $((budget - 3 - (SECONDS - t0))); }
 commit=$(cat "$C/COMMIT" 2>/dev/null || echo unknown)
 cuda_libs=$(dirname "$(find /usr/local/cuda*/ -name 'libcublas.so.13*' 2>/dev/null | head -1)" 2>/dev/null)
-export LD_LIBRARY_PATH="${cuda_libs:-/usr/local/cuda/lib64}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="$B/lib:${cuda_libs:-/usr/local/cuda/lib64}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 # The tests find models/ through the source dir compiled in (/work/main): make it exist.
 [ -e /work/main ] || { mkdir -p /work && ln -s "$here" /work/main; }
 {
