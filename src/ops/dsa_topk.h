@@ -1,0 +1,43 @@
+// dsa_topk.h: causal top-k of the DSA index scores (MODEL.md §6), decode and prefill, exact.
+//
+//   row i sees n_i positions: n_i = row_len[i] (decode: one query per sequence), or len0 + i (prefill: query
+//   i of one sequence at position len0 - 1 + i, so it sees len0 + i positions)
+//   sel[i, :] = 0, 1, .., n_i - 1, then -1                                         if n_i <= topk
+//             = the topk positions s < n_i with the largest score[i, s], ties -> lower s, ascending   else
+// Ties compare the fp32 values (so -0.0 == +0.0, as the CPU's partial_sort does); scores must not be NaN.
+// Shapes: score fp32 [n_row, ld] (only s < n_i is read), sel int32 [n_row, topk], row_len int32 [n_row].
+//
+// The CUDA backend is a radix select on order-preserving 32-bit keys (sign-flipped float bits; -0 folded to
+// +0), 4 passes of 8 bits, then one ordered compaction: s is selected iff key > T, or key == T and fewer
+// than `need` equal keys precede it, and its output slot is (#greater before s) + min(#equal before s, need).
+// A row is split over a thread-block cluster of up to 8 CTAs (histograms merged through distributed shared
+// memory), one launch, no host decision on device data (CUDA-graph safe); max_len only sizes the cluster.
+#pragma once
+
+#include <cstdint>
+
+#include "core/gpu.h"
+#include "core/status.h"
+
+namespace k3 {
+
+struct DsaTopkParams {
+  int n_row = 0;
+  int topk = 0;                      // >= 1
+  int64_t ld = 0;                    // score row stride >= every n_i
+  const float* score = nullptr;      // [n_row, ld]
+  const int32_t* row_len = nullptr;  // [n_row]; nullptr: n_i = len0 + i
+  int64_t len0 = 0;
+  int64_t max_len = 0;               // host bound on every n_i (<= ld)
+  int32_t* sel = nullptr;            // [n_row, topk]
+  int cluster = 0;                   // cuda: CTAs per row (1..8), 0 = from max_len
+};
+
+// Shape checks (no pointer is dereferenced).
+Status dsa_topk_check(const DsaTopkParams& p);
+// Plain reference on host pointers: partial_sort with (score desc, position asc), then ascending.
+void dsa_topk_ref(const DsaTopkParams& p);
+// CUDA (device pointers, asynchronous on g.stream, no workspace).
+void dsa_topk_cuda(const DsaTopkParams& p, GpuContext& g);
+
+}  // namespace k3

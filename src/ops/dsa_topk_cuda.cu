@@ -1,0 +1,175 @@
+// dsa_topk_cuda.cu: exact causal top-k of the DSA index scores by radix select (dsa_topk.h).
+//
+// Grid: n_row clusters of C CTAs (cluster dims (C, 1, 1)); CTA r of a row owns the contiguous chunk
+// [r * chunk, min(n, (r + 1) * chunk)). Per pass (digit 3 .. 0 of the 32-bit key, 8 bits each):
+//   local histogram of the digit over the keys that match the prefix found so far (warp-aggregated smem
+//   atomics: many equal keys cost one atomic per warp), cluster barrier, every CTA sums the C histograms
+//   through distributed shared memory, warp 0 finds the digit b* holding the remaining-th largest key,
+//   adds b* to the prefix and counts this CTA's keys above it (all of them are selected).
+// After 4 passes the prefix is T, the topk-th largest key; need = how many keys == T to take. The CTAs
+// publish (#greater, #equal) of their chunk, and every CTA writes its selected positions in order with a
+// block scan: slot(s) = #greater before s + min(#equal before s, need).
+#include <cooperative_groups.h>
+#include <cub/block/block_scan.cuh>
+
+#include <algorithm>
+
+#include "ops/cuda_util.cuh"
+#include "ops/dsa_topk.h"
+
+namespace k3 {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 512;
+constexpr int kItems = 8;                     // consecutive keys per thread in the compaction pass
+constexpr int kTile = kThreads * kItems;      // <= 65535: two 16-bit counts packed in one scan value
+constexpr int64_t kKeysPerCta = 16384;        // cluster size = ceil(max_len / this), <= 8
+
+__device__ __forceinline__ uint32_t order_key(float f) {
+  if (f == 0.f) f = 0.f;  // -0 ties with +0, as the float comparison says
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+struct TopkShared {
+  uint32_t hist[256];
+  uint32_t merged[256];
+  uint32_t gt_local, eq_local;  // this CTA's chunk: keys > T, keys == T (published to the cluster)
+  uint32_t digit, above;        // pass result: chosen digit, merged count of keys above it
+};
+
+__global__ void __launch_bounds__(kThreads) topk_kernel(DsaTopkParams p) {
+  cg::cluster_group cluster = cg::this_cluster();
+  const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  const int row = int(blockIdx.x) / C;
+  __shared__ TopkShared sh;
+  __shared__ typename cub::BlockScan<uint32_t, kThreads>::TempStorage scan_tmp;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t n = p.row_len ? int64_t(p.row_len[row]) : p.len0 + row;
+  int32_t* out = p.sel + int64_t(row) * p.topk;
+  if (n <= p.topk) {  // the same decision in every CTA of the cluster: nobody touches remote memory
+    for (int64_t j = int64_t(rank) * kThreads + tid; j < p.topk; j += int64_t(C) * kThreads)
+      out[j] = j < n ? int32_t(j) : -1;
+    return;
+  }
+  const float* score = p.score + int64_t(row) * p.ld;
+  const int64_t chunk = (n + C - 1) / C;
+  const int64_t lo = std::min<int64_t>(n, rank * chunk), hi = std::min<int64_t>(n, lo + chunk);
+
+  uint32_t prefix = 0, mask = 0, remaining = uint32_t(p.topk), gt_local = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = tid; b < 256; b += kThreads) sh.hist[b] = 0;
+    __syncthreads();
+    // warp-uniform loop: every lane takes part in the match
+    for (int64_t base = lo + int64_t(warp) * 32; base < hi; base += kThreads) {
+      const int64_t i = base + lane;
+      int bin = 256;
+      if (i < hi) {
+        const uint32_t k = order_key(score[i]);
+        if ((k & mask) == prefix) bin = int((k >> shift) & 255u);
+      }
+      const unsigned same = __match_any_sync(0xffffffffu, bin);
+      if (bin < 256 && lane == __ffs(same) - 1) atomicAdd(&sh.hist[bin], uint32_t(__popc(same)));
+    }
+    cluster.sync();
+    for (int b = tid; b < 256; b += kThreads) {
+      uint32_t s = 0;
+      for (int r = 0; r < C; ++r) s += cluster.map_shared_rank(sh.hist, r)[b];
+      sh.merged[b] = s;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      // lane l owns bins 255 - 8l .. 248 - 8l (descending); inclusive scan from the top
+      uint32_t own = 0;
+      for (int j = 0; j < 8; ++j) own += sh.merged[255 - 8 * lane - j];
+      uint32_t incl = own;
+      for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      const uint32_t excl = incl - own;
+      if (excl < remaining && remaining <= incl) {  // exactly one lane
+        uint32_t above = excl;
+        int d = 255 - 8 * lane;
+        while (above + sh.merged[d] < remaining) above += sh.merged[d--];
+        sh.digit = uint32_t(d), sh.above = above;
+      }
+      __syncwarp();
+      const uint32_t d = sh.digit;
+      uint32_t g = 0;
+      for (int j = 0; j < 8; ++j) {
+        const int b = 255 - 8 * lane - j;
+        if (uint32_t(b) > d) g += sh.hist[b];
+      }
+      for (int o = 16; o > 0; o >>= 1) g += __shfl_xor_sync(0xffffffffu, g, o);
+      if (lane == 0) {
+        sh.gt_local = g;
+        if (shift == 0) sh.eq_local = sh.hist[d];
+      }
+    }
+    __syncthreads();
+    remaining -= sh.above;
+    prefix |= sh.digit << shift;
+    mask |= 255u << shift;
+    gt_local += sh.gt_local;
+    cluster.sync();  // every CTA has read the histograms before the next pass clears them
+  }
+  if (tid == 0) sh.gt_local = gt_local;  // eq_local was set in the last pass
+  cluster.sync();
+  const uint32_t T = prefix, need = remaining;
+  uint32_t gt_before = 0, eq_before = 0;
+  for (int r = 0; r < rank; ++r) {
+    const TopkShared* o = cluster.map_shared_rank(&sh, r);
+    gt_before += o->gt_local, eq_before += o->eq_local;
+  }
+  cluster.sync();  // remote reads done before any CTA may exit
+
+  using Scan = cub::BlockScan<uint32_t, kThreads>;
+  for (int64_t t0 = lo; t0 < hi; t0 += kTile) {
+    const int64_t i0 = t0 + int64_t(tid) * kItems;
+    uint32_t k[kItems], packed = 0;
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      k[j] = i0 + j < hi ? order_key(score[i0 + j]) : 0u;
+      packed += (i0 + j < hi && k[j] > T) ? 1u : 0u;
+      packed += (i0 + j < hi && k[j] == T) ? 0x10000u : 0u;
+    }
+    uint32_t excl, total;
+    Scan(scan_tmp).ExclusiveSum(packed, excl, total);
+    uint32_t gt = gt_before + (excl & 0xFFFFu), eq = eq_before + (excl >> 16);
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      if (i0 + j >= hi) break;
+      if (k[j] > T) {
+        out[gt + min(eq, need)] = int32_t(i0 + j);
+        ++gt;
+      } else if (k[j] == T) {
+        if (eq < need) out[gt + eq] = int32_t(i0 + j);
+        ++eq;
+      }
+    }
+    gt_before += total & 0xFFFFu, eq_before += total >> 16;
+    __syncthreads();  // scan_tmp reuse
+  }
+}
+
+}  // namespace
+
+void dsa_topk_cuda(const DsaTopkParams& p, GpuContext& g) {
+  K3_ASSERT(dsa_topk_check(p).ok());
+  if (p.n_row == 0) return;
+  int C = p.cluster > 0 ? p.cluster : int(std::clamp<int64_t>((p.max_len + kKeysPerCta - 1) / kKeysPerCta, 1, 8));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(p.n_row) * unsigned(C));
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = g.stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(C), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr, cfg.numAttrs = 1;
+  K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, topk_kernel, p));
+}
+
+}  // namespace k3

@@ -1,0 +1,45 @@
+// mla_sparse.h: absorbed MLA decode restricted to the DSA-selected positions (MODEL.md §6, main attention).
+//
+//   for query i (one per sequence in decode; one sequence's queries in prefill, shared_table):
+//   S_i      = { sel[i, j] : j < topk, sel[i, j] >= 0 }       (ascending, -1 padded at the end, |S_i| >= 1)
+//   out[i,h] = sum_{s in S_i} softmax_s(scale * q[i, h, :] . row(i, s)) * c_s      (rows as in mla_decode.h)
+// Shapes: q bf16 [n_q, n_head, 576], out fp32 [n_q, n_head, 512], sel int32 [n_q, topk], block_table
+// [n_q or 1, max_pages], cache bf16 [n_pages, P, 576].
+//
+// CUDA: one gather kernel copies each query's selected rows into scratch (a private page of topk rows per
+// query) and counts them, then ops/mla_decode.h's tensor-core split-KV kernel runs over those pages with
+// ctx_len = |S_i|. Cost per query: |S_i| * 1152 bytes read twice and written once, flat in the context.
+// Everything stays on the device (CUDA-graph safe); scratch = mla_sparse_scratch_bytes, and g.workspace
+// serves mla_decode_cuda as usual.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/gpu.h"
+#include "core/status.h"
+
+namespace k3 {
+
+struct MlaSparseParams {
+  int n_q = 0, n_head = 0;
+  int topk = 0;
+  const int32_t* sel = nullptr;          // [n_q, topk]
+  int page_size = 0, max_pages = 0;
+  int64_t n_pages = 0;
+  const int32_t* block_table = nullptr;  // [n_q, max_pages], or [1, max_pages] when shared_table
+  bool shared_table = false;
+  const uint16_t* cache = nullptr;       // bf16 [n_pages, P, 576]
+  const uint16_t* q = nullptr;           // bf16 [n_q, n_head, 576]
+  float scale = 1.f;
+  float* out = nullptr;                  // [n_q, n_head, 512]
+  void* scratch = nullptr;               // cuda: mla_sparse_scratch_bytes(n_q, topk)
+};
+
+Status mla_sparse_check(const MlaSparseParams& p);
+// fp64 reference (gathers on the host, then mla_decode_ref); checks every selected position's page.
+void mla_sparse_ref(const MlaSparseParams& p);
+size_t mla_sparse_scratch_bytes(int n_q, int topk);
+void mla_sparse_cuda(const MlaSparseParams& p, GpuContext& g);
+
+}  // namespace k3
