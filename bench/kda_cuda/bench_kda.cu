@@ -557,6 +557,12 @@ int main(int argc, char** argv) {
       time_decode(64, copy, ctx);
     }
   }
+  if (only == "prefill") {  // prefill timings alone (variants of the same build)
+    time_prefill("T2048", {2048}, 20, ctx);
+    time_prefill("T8192", {8192}, 20, ctx);
+    time_prefill("varlen8x1024", std::vector<int>(8, 1024), 20, ctx);
+    time_prefill("T131072", {131072}, 5, ctx);
+  }
   if (only == "all" || only == "time" || only == "quick") {
     const double copy = copy_bandwidth();
     time_prefill("T2048", {2048}, 20, ctx);

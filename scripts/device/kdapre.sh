@@ -30,12 +30,14 @@ left() { echo $((budget - 6 - (SECONDS - t0))); }
 commit=$(cat "$C/COMMIT" 2>/dev/null || echo unknown)
 {
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-  # $C/PLAN (carried, one line per run: binary mode seconds) says what to run; default: every binary, all, 30 s.
+  # $C/PLAN (carried, one line per run: binary mode seconds [VAR=v,VAR2=v] [tag]) says what to run; default: every binary, all, 30 s.
   plan=$(cat "$C/PLAN" 2>/dev/null || (cd "$C" && ls bench_kda* 2>/dev/null | sed 's/$/ all 30/'))
-  while read -r name mode secs; do
+  # (optional 4th field on: VAR=value settings for that run, e.g. K3_KDA_PRE_VB=64; 5th: a tag for the report)
+  while read -r name mode secs envs tag; do
     [ -n "$name" ] || continue
-    echo "== $name $mode (t=$((SECONDS - t0)) s)"
-    timeout "$secs" "$C/$name" "$tmp/ours_$name.json" "$mode" 2>&1 | grep -v conv_mismatch
+    tag=${tag:-$name}; envs=${envs:-K3_NONE=1}
+    echo "== $tag: $name $mode ${envs:-} (t=$((SECONDS - t0)) s)"
+    env ${envs//,/ } timeout "$secs" "$C/$name" "$tmp/ours_$tag.json" "$mode" 2>&1 | grep -v conv_mismatch
   done <<<"$plan"
   if [ "${FLA:-1}" != 0 ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \

@@ -6,10 +6,13 @@
 //   2. O += A V'; o = bf16(O)  (warps 4-7)          S <- diag(exp(G_C)) S + Kd^T V'  (all warps)
 // The value columns are independent in the recurrence, so the slices need no communication.
 // The batch's chunks are processed in windows that fit the workspace: the intra kernel fills the scratch of
-// a window, this kernel walks it, the state goes through its cache slot between windows.
+// a window, this kernel walks it, the state goes through its cache slot between windows; with two windows'
+// room the next window's pre-pass runs on a side stream while this one is walked.
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include "core/cuda_check.h"
@@ -23,9 +26,6 @@ cudaError_t launch_intra(const KdaPrefillParams& p, uint32_t* ws, int64_t c0, in
 
 namespace {
 
-#ifndef KDA_PRE_VB
-#define KDA_PRE_VB 32
-#endif
 constexpr int NT = 256;
 
 template <int VB>
@@ -171,6 +171,31 @@ cudaError_t launch_state(const KdaPrefillParams& p, const uint32_t* ws, int64_t 
 
 size_t kda_prefill_fast_workspace_bytes(int n_head) { return size_t(n_head) * kdapre::CHUNK_BYTES; }
 
+namespace {
+// The pre-pass of the next window runs on a side stream while the state walk of this one runs (the walk is
+// latency-bound and leaves the SMs room): one side stream and four events per device, made on first use.
+struct Side {
+  cudaStream_t s = nullptr;
+  cudaEvent_t entry = nullptr, intra[2] = {}, state[2] = {};
+};
+Status side_of(Side*& out) {
+  static std::mutex mu;
+  static Side sides[64];
+  int dev = 0;
+  K3_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) return error(Code::internal, "kda_prefill_fast: device " + std::to_string(dev));
+  std::lock_guard<std::mutex> lock(mu);
+  Side& sd = sides[dev];
+  if (!sd.s) {
+    K3_CUDA_CHECK(cudaStreamCreateWithFlags(&sd.s, cudaStreamNonBlocking));
+    for (cudaEvent_t* e : {&sd.entry, &sd.intra[0], &sd.intra[1], &sd.state[0], &sd.state[1]})
+      K3_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  }
+  out = &sd;
+  return ok_status();
+}
+}  // namespace
+
 Status kda_prefill_fast_cuda(const KdaPrefillParams& p, GpuContext& g) {
   using namespace kdapre;
   Status st = kda_prefill_fast_check(p);
@@ -181,15 +206,46 @@ Status kda_prefill_fast_cuda(const KdaPrefillParams& p, GpuContext& g) {
     return error(Code::invalid_argument, "kda_prefill_fast: the GPU workspace (" + std::to_string(g.workspace_bytes) +
                                              " bytes) holds no chunk of n_head=" + std::to_string(p.n_head) +
                                              " (needs " + std::to_string(per_chunk) + " bytes)");
+  static const char* vb_env = std::getenv("K3_KDA_PRE_VB");  // bench only: 64 value columns per state CTA
+  auto state = vb_env && std::atoi(vb_env) == 64 ? launch_state<64> : launch_state<32>;
   const int64_t max_chunks = p.n_tok / C + p.n_seq;  // >= sum of ceil(len / 64); the kernels skip the rest
-  const int64_t window = std::min<int64_t>(max_chunks, int64_t(g.workspace_bytes / per_chunk));
+  const int64_t fit = int64_t(g.workspace_bytes / per_chunk);
   uint32_t* ws = static_cast<uint32_t*>(g.workspace);
-  for (int64_t c0 = 0; c0 < max_chunks; c0 += window) {
-    const int64_t c1 = std::min(max_chunks, c0 + window);
-    K3_CUDA_CHECK(launch_intra(p, ws, c0, int(c1 - c0), g.stream));
-    K3_CUDA_CHECK(launch_state<KDA_PRE_VB>(p, ws, c0, c1, g.stream));
+  static const bool serial = std::getenv("K3_KDA_PRE_SERIAL") != nullptr;  // bench only: no overlap
+  if (serial || fit < 2 || max_chunks <= fit) {  // one buffer: pre-pass, walk, pre-pass, walk, ...
+    const int64_t window = std::min(max_chunks, fit);
+    for (int64_t c0 = 0; c0 < max_chunks; c0 += window) {
+      const int64_t c1 = std::min(max_chunks, c0 + window);
+      K3_CUDA_CHECK(launch_intra(p, ws, c0, int(c1 - c0), g.stream));
+      K3_CUDA_CHECK(state(p, ws, c0, c1, g.stream));
+    }
+    return ok_status();
   }
-  return ok_status();
+  // Two buffers: window w's walk (g.stream) overlaps window w+1's pre-pass (side stream).
+  Side* sd = nullptr;
+  K3_RETURN_IF_ERROR(side_of(sd));
+  const int64_t window = fit / 2, n_win = (max_chunks + window - 1) / window;
+  uint32_t* buf[2] = {ws, ws + size_t(window) * per_chunk / 4};
+  auto intra = [&](int64_t w) -> Status {
+    const int b = int(w & 1);
+    if (w >= 2) K3_CUDA_CHECK(cudaStreamWaitEvent(sd->s, sd->state[b], 0));  // walk w-2 is done with buf[b]
+    const int64_t c0 = w * window;
+    K3_CUDA_CHECK(launch_intra(p, buf[b], c0, int(std::min(window, max_chunks - c0)), sd->s));
+    K3_CUDA_CHECK(cudaEventRecord(sd->intra[b], sd->s));
+    return ok_status();
+  };
+  K3_CUDA_CHECK(cudaEventRecord(sd->entry, g.stream));  // inputs ready, earlier users of the workspace done
+  K3_CUDA_CHECK(cudaStreamWaitEvent(sd->s, sd->entry, 0));
+  K3_RETURN_IF_ERROR(intra(0));
+  for (int64_t w = 0; w < n_win; ++w) {
+    const int b = int(w & 1);
+    const int64_t c0 = w * window;
+    K3_CUDA_CHECK(cudaStreamWaitEvent(g.stream, sd->intra[b], 0));
+    K3_CUDA_CHECK(state(p, buf[b], c0, std::min(max_chunks, c0 + window), g.stream));
+    K3_CUDA_CHECK(cudaEventRecord(sd->state[b], g.stream));
+    if (w + 1 < n_win) K3_RETURN_IF_ERROR(intra(w + 1));
+  }
+  return ok_status();  // every side-stream launch is followed by a walk on g.stream that waits for it
 }
 
 }  // namespace k3
