@@ -1,15 +1,18 @@
 // bench_mla_decode.cu: absorbed MLA decode over the paged latent cache on one GPU (ops/mla_decode.h).
 //
 //   bench_mla_decode [OUT.jsonl] [COMMIT]
-// 1. copy bandwidth: cudaMemcpy D2D of 2 GiB (GB/s = read + write bytes / time), the peer of every ratio.
-// 2. correctness: both kernels (mma = mla_decode_cuda, simple = mla_decode_cuda_simple) against the fp64
+// 1. the two ceilings: copy bandwidth (cudaMemcpy D2D of 2 GiB, GB/s = read + write bytes / time) and the
+//    bf16 GEMM rate (cublasGemmEx 8192^3, bf16 in, fp32 accumulate, median of 10).
+// 2. correctness: the kernels (wgmma = mla_decode_cuda, mma = mla_decode_cuda_mma, simple =
+//    mla_decode_cuda_simple) against the fp64
 //    host reference mla_decode_ref, 96 heads, P = 64, shuffled pages, lens {1, 17, 989, 4097}; then on the
 //    timed shapes, heads {0, 47, 95} of the first and the last sequence against the reference.
-// 3. timing: batch 64 x 32K and batch 1 x 32K / 128K (96 heads, P = 64, pages shuffled): mean of 20 calls
-//    after 3 warm-ups (CUDA events); GB/s on cache bytes (n_seq * ctx * 576 * 2) and the ratio to the copy.
+// 3. timing: batch 64 x 32K and batch 1 x 4K / 32K / 128K (96 heads, P = 64, pages shuffled): median of 20
+//    calls after 3 warm-ups (CUDA events around each call); GB/s on cache bytes (n_seq * ctx * 576 * 2) and
+//    the ratio to the copy, TFLOP/s (n_seq * ctx * 96 * (576 + 512) * 2) and the ratio to the GEMM rate.
 //    Small caches rotate over several layer pools (>= 256 MiB in all) so L2 (50 MiB) does not hold them.
 // The tensor-core kernel is also timed at forced split counts (metric suffix _splitN).
-// K3_MLA_MMA2=1 runs the experimental mla_split_mma2 as "mma2" (and skips the simple kernel).
+// K3_MLA_BENCH_CHECK_ONLY=1 stops after the first correctness section. K3_MLA_BENCH_ALL=1 also times the mma.sync and CUDA-core kernels (checks always run for all three).
 // Every metric is printed and appended as a JSON line (bench, commit, machine, metric, value, unit, peer,
 // peer_value, ratio, goal, met). Build: bash bench/mla_cuda/build.sh.
 #include <cuda_runtime.h>
@@ -27,48 +30,11 @@
 #include "core/dtype.h"
 #include "ops/mla_decode.h"
 
-#define CK(call)                                                                                 \
-  do {                                                                                           \
-    cudaError_t e_ = (call);                                                                     \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
+#include "bench/mla_cuda/bench_util.cuh"
 
 using namespace k3;
 
 namespace {
-
-std::string g_out, g_commit = "unknown", g_machine = "NVIDIA H200";
-int g_fail = 0;
-
-void emit(const std::string& metric, double value, const std::string& unit, const char* peer = nullptr,
-          double peer_value = 0, const char* goal = nullptr, double goal_ratio = 0) {
-  char line[1024];
-  const double ratio = peer ? value / peer_value : 0;
-  std::snprintf(line, sizeof line,
-                "{\"bench\": \"mla_cuda\", \"commit\": \"%s\", \"machine\": \"%s\", \"metric\": \"%s\", "
-                "\"value\": %.6g, \"unit\": \"%s\", \"peer\": %s%s%s, \"peer_value\": %s, \"ratio\": %s, "
-                "\"goal\": %s%s%s, \"met\": %s}",
-                g_commit.c_str(), g_machine.c_str(), metric.c_str(), value, unit.c_str(), peer ? "\"" : "",
-                peer ? peer : "null", peer ? "\"" : "", peer ? std::to_string(peer_value).c_str() : "null",
-                peer ? std::to_string(ratio).c_str() : "null", goal ? "\"" : "", goal ? goal : "null",
-                goal ? "\"" : "", goal ? (ratio >= goal_ratio ? "true" : "false") : "null");
-  std::printf("%s\n", line);
-  if (!g_out.empty())
-    if (FILE* f = std::fopen(g_out.c_str(), "a")) std::fprintf(f, "%s\n", line), std::fclose(f);
-}
-
-__global__ void fill_bf16(uint16_t* x, size_t n, uint64_t seed) {  // uniform(-1.7, 1.7) in bf16
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-    h ^= h >> 31, h *= 0xBF58476D1CE4E5B9ull, h ^= h >> 29;
-    const float u = float(h >> 40) * (1.f / 16777216.f) * 3.4f - 1.7f;
-    const uint32_t b = __float_as_uint(u);
-    x[i] = uint16_t((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
-  }
-}
 
 struct Setup {
   MlaDecodeParams p;
@@ -168,43 +134,21 @@ void check(Setup& s, Kernel k, GpuContext& g, const char* name, const std::vecto
 }
 
 double time_us(Setup& s, Kernel k, GpuContext& g) {
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; ++i) s.p.cache = s.pools[size_t(i % s.n_pool)], k(s.p, g);
   const int iters = 20;
-  CK(cudaEventRecord(e0, g.stream));
-  for (int i = 0; i < iters; ++i) s.p.cache = s.pools[size_t(i % s.n_pool)], k(s.p, g);
-  CK(cudaEventRecord(e1, g.stream));
-  CK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  return ms * 1e3 / iters;
-}
-
-double copy_bandwidth(GpuContext& g) {
-  const size_t n = size_t(2) << 30;
-  char *a, *b;
-  CK(cudaMalloc(&a, n));
-  CK(cudaMalloc(&b, n));
-  CK(cudaMemset(a, 1, n));
-  for (int i = 0; i < 2; ++i) CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, g.stream));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaEventRecord(e0, g.stream));
-  for (int i = 0; i < 10; ++i) CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, g.stream));
-  CK(cudaEventRecord(e1, g.stream));
-  CK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  CK(cudaFree(a));
-  CK(cudaFree(b));
-  const double gbps = 2.0 * double(n) * 10 / (ms * 1e-3) * 1e-9;
-  emit("copy_GBps", gbps, "GB/s");
-  return gbps;
+  std::vector<cudaEvent_t> ev(iters + 1);
+  for (auto& e : ev) CK(cudaEventCreate(&e));
+  for (int i = 0; i < 3; ++i) s.p.cache = s.pools[size_t(i % s.n_pool)], k(s.p, g);
+  CK(cudaEventRecord(ev[0], g.stream));
+  for (int i = 0; i < iters; ++i) {
+    s.p.cache = s.pools[size_t(i % s.n_pool)], k(s.p, g);
+    CK(cudaEventRecord(ev[size_t(i) + 1], g.stream));
+  }
+  CK(cudaEventSynchronize(ev[iters]));
+  std::vector<float> ms(iters);
+  for (int i = 0; i < iters; ++i) CK(cudaEventElapsedTime(&ms[size_t(i)], ev[size_t(i)], ev[size_t(i) + 1]));
+  for (auto& e : ev) CK(cudaEventDestroy(e));
+  std::sort(ms.begin(), ms.end());
+  return ms[iters / 2] * 1e3;
 }
 
 }  // namespace
@@ -220,12 +164,11 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreate(&g.stream));
   g.workspace_bytes = size_t(512) << 20;
   CK(cudaMalloc(&g.workspace, g.workspace_bytes));
-  const double copy = copy_bandwidth(g);
+  const double copy = copy_bandwidth(g), gemm = gemm_tflops(g);
 
-  // K3_MLA_MMA2=1: mla_decode_cuda runs the experimental mla_split_mma2 (named "mma2"; simple not rerun)
-  const bool v2 = std::getenv("K3_MLA_MMA2") && std::getenv("K3_MLA_MMA2")[0] == '1';
-  std::vector<std::pair<Kernel, const char*>> kernels = {{mla_decode_cuda, v2 ? "mma2" : "mma"}};
-  if (!v2) kernels.push_back({mla_decode_cuda_simple, "simple"});
+  const bool all = std::getenv("K3_MLA_BENCH_ALL") && std::getenv("K3_MLA_BENCH_ALL")[0] == '1';
+  std::vector<std::pair<Kernel, const char*>> kernels = {
+      {mla_decode_cuda, "wgmma"}, {mla_decode_cuda_mma, "mma"}, {mla_decode_cuda_simple, "simple"}};
   {  // correctness, every (seq, head)
     Setup s = make({1, 17, 989, 4097}, 96, 64, 0, 1);
     std::vector<int> heads(96);
@@ -233,15 +176,21 @@ int main(int argc, char** argv) {
     for (auto [k, name] : kernels) check(s, k, g, name, {0, 1, 2, 3}, heads);
     destroy(s);
   }
+  if (std::getenv("K3_MLA_BENCH_CHECK_ONLY")) {  // the correctness section only
+    std::printf("%s\n", g_fail ? "CHECKS FAILED" : "all checks OK");
+    return g_fail ? 1 : 0;
+  }
+  if (!all) kernels.resize(1);
   struct Shape {
     int n_seq, ctx;
     const char* tag;
     bool goal;
   };
-  for (Shape sh : {Shape{64, 32768, "b64_ctx32k", true}, Shape{1, 32768, "b1_ctx32k", false},
-                   Shape{1, 131072, "b1_ctx128k", false}}) {
+  for (Shape sh : {Shape{64, 32768, "b64_ctx32k", true}, Shape{1, 4096, "b1_ctx4k", false},
+                   Shape{1, 32768, "b1_ctx32k", false}, Shape{1, 131072, "b1_ctx128k", false}}) {
     Setup s = make(std::vector<int32_t>(size_t(sh.n_seq), sh.ctx), 96, 64, size_t(256) << 20, 7 + sh.n_seq);
     const double bytes = double(sh.n_seq) * sh.ctx * kMlaRow * 2;
+    const double flops = double(sh.n_seq) * sh.ctx * 96 * (kMlaRow + kMlaLatent) * 2;
     for (auto [k, name] : kernels) {
       check(s, k, g, name, {0, sh.n_seq - 1}, {0, 47, 95});
       const double us = time_us(s, k, g);
@@ -249,8 +198,9 @@ int main(int argc, char** argv) {
       emit(tag + "_us", us, "us");
       emit(tag + "_cache_GBps", bytes / us * 1e-3, "GB/s", "cudaMemcpy D2D GB/s", copy,
            sh.goal ? ">= 0.85 of copy bandwidth on cache bytes" : nullptr, 0.85);
+      if (gemm > 0) emit(tag + "_TFLOPs", flops / us * 1e-6, "TFLOP/s", "cublasGemmEx bf16 TFLOP/s", gemm);
       if (k == mla_decode_cuda)  // forced split counts (auto = fewest whole waves of 132 SMs)
-        for (int ns : sh.n_seq > 1 ? std::vector<int>{1, 2, 4} : std::vector<int>{22, 44, 88, 176}) {
+        for (int ns : sh.n_seq > 1 ? std::vector<int>{2, 4} : std::vector<int>{33, 132}) {
           s.p.n_split = ns;
           const double us_ns = time_us(s, k, g);
           s.p.n_split = 0;

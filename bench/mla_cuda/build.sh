@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# bench/mla_cuda/build.sh [OUT_DIR]: builds bench_mla_decode (the MLA decode kernels, their fp64 reference
-# and the bench driver) with nvcc for sm_90a, standalone (no CMake); default OUT_DIR = build-mlagpu/bench.
+# bench/mla_cuda/build.sh [OUT_DIR]: builds bench_mla_decode and bench_mla_prefill (the MLA kernels, their
+# fp64 references and the bench drivers) with nvcc for sm_90a, standalone (no CMake); default OUT_DIR =
+# build-mla/bench.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
-out=${1:-$here/build-mlagpu/bench}
+out=${1:-$here/build-mla/bench}
 mkdir -p "$out"
-nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -lineinfo -I"$here/src" -I"$here/include" \
-  -Xptxas -v -o "$out/bench_mla_decode" "$here/bench/mla_cuda/bench_mla_decode.cu" \
-  "$here/src/ops/mla_decode_cuda.cu" "$here/src/ops/mla_decode_ref.cpp" 2>&1 |
+flags=(-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -lineinfo -I"$here" -I"$here/src" -I"$here/include"
+  -Xptxas -v -lcublas)
+nvcc "${flags[@]}" -o "$out/bench_mla_decode" "$here/bench/mla_cuda/bench_mla_decode.cu" \
+  "$here"/src/ops/mla_decode*_cuda.cu "$here/src/ops/mla_decode_ref.cpp" 2>&1 |
+  grep -E "error|warning|registers|spill" || true &
+nvcc "${flags[@]}" -o "$out/bench_mla_prefill" "$here/bench/mla_cuda/bench_mla_prefill.cu" \
+  "$here/src/ops/mla_prefill_cuda.cu" "$here/src/ops/mla_prefill_ref.cpp" 2>&1 |
   grep -E "error|warning|registers|spill" || true
-test -x "$out/bench_mla_decode"
-echo "built $out/bench_mla_decode"
+wait
+test -x "$out/bench_mla_decode" && test -x "$out/bench_mla_prefill"
+echo "built $out/bench_mla_decode $out/bench_mla_prefill"

@@ -14,9 +14,10 @@
 // a sequence's last page are never read).
 //
 // The CUDA backend is split-KV (flash-decoding): grid (head group, kv split, seq); each CTA streams a
-// tile of cache rows once into shared memory and uses it for all the heads of its group; every split
-// keeps fp32 running max / sum / unnormalized output, and a combine kernel merges the splits. The byte
-// floor per call is sum_b ctx_len[b] * 576 * 2 bytes.
+// tile of cache rows once into shared memory and uses it for all the heads of its group (64 heads on the
+// Hopper warpgroup-MMA kernel, 32 on the mma.sync one); every split keeps fp32 running max / sum /
+// unnormalized output, and a combine kernel merges the splits. The byte floor per call is
+// sum_b ctx_len[b] * 576 * 2 bytes; the FLOPs are sum_b ctx_len[b] * n_head * (576 + 512) * 2.
 #pragma once
 
 #include <cstddef>
@@ -52,9 +53,12 @@ Status mla_decode_check(const MlaDecodeParams& p);
 // ctx_len and every page index it reads (K3_ASSERT).
 void mla_decode_ref(const MlaDecodeParams& p);
 
-// CUDA (device pointers, asynchronous on g.stream). Needs mla_decode_workspace_bytes(p) bytes of
-// g.workspace for the per-split partials (n_split is reduced until it fits).
+// CUDA (device pointers, asynchronous on g.stream; graph-capture safe: no allocation, no sync). Needs
+// mla_decode_workspace_bytes(p) bytes of g.workspace for the per-split partials (n_split is reduced until
+// it fits). Runs the sm_90a warpgroup-MMA kernel (K3_MLA_KERNEL=mma in the environment: the mma.sync one).
 void mla_decode_cuda(const MlaDecodeParams& p, GpuContext& g);
+// The mma.sync tensor-core kernel (32 heads a CTA), the cross-check of the warpgroup one.
+void mla_decode_cuda_mma(const MlaDecodeParams& p, GpuContext& g);
 // The same contract on plain CUDA cores (no tensor cores): the slower cross-check of mla_decode_cuda.
 void mla_decode_cuda_simple(const MlaDecodeParams& p, GpuContext& g);
 // Workspace for n_split splits (n_split <= 0: the split count mla_decode_cuda would choose).

@@ -3,8 +3,9 @@
 // ref  = mla_decode_ref (fp64, reads the pages through the block table).
 // cpu  = attention.h's attention_cpu on each sequence's rows gathered into one fp32 [n_ctx, 576] buffer
 //        (the MQA latent layout: k = the whole row, v = its first 512 values, head strides 0).
-// cuda = mla_decode_cuda (tensor cores; softmax weights in bf16, so a looser bound) for op "mla_decode",
-//        mla_decode_cuda_simple (CUDA cores) for op "mla_decode_simple".
+// cuda = mla_decode_cuda (Hopper warpgroup MMA; softmax weights in bf16, so a looser bound) for op
+//        "mla_decode", mla_decode_cuda_mma (mma.sync) for "mla_decode_mma", mla_decode_cuda_simple (CUDA
+//        cores) for "mla_decode_simple".
 // Odd context lengths (1, 17, 989, 4097), several sequences of different lengths in one call, pages
 // shuffled in the pool, unused block-table slots set to -1 (never read), head counts that are not a
 // multiple of the kernels' head groups, forced split counts.
@@ -29,14 +30,17 @@ struct MlaState {
   std::vector<uint16_t> cache, q;
 };
 
-void add_case(CaseList& cases, bool simple, int H, int P, std::vector<int32_t> lens, float scale, int n_split) {
+enum class Kind { wgmma, mma, simple };
+
+void add_case(CaseList& cases, Kind kind, int H, int P, std::vector<int32_t> lens, float scale, int n_split) {
   auto st = std::make_shared<MlaState>();
   st->H = H, st->P = P, st->lens = lens, st->scale = scale, st->n_split = n_split;
   std::string shape = "H=" + std::to_string(H) + " P=" + std::to_string(P) + " lens=";
   for (size_t i = 0; i < lens.size(); ++i) shape += (i ? "," : "") + std::to_string(lens[i]);
   shape += " scale=" + std::to_string(scale).substr(0, 5) + " splits=" + std::to_string(n_split);
   cases.push_back(std::make_unique<FnCase>(
-      simple ? "mla_decode_simple" : "mla_decode", shape, simple ? 1e-9 : 1e-5,
+      kind == Kind::simple ? "mla_decode_simple" : kind == Kind::mma ? "mla_decode_mma" : "mla_decode", shape,
+      kind == Kind::simple ? 1e-9 : 1e-5,
       [st](Rng& rng) {
         const int n_seq = int(st->lens.size());
         st->max_ctx = *std::max_element(st->lens.begin(), st->lens.end());
@@ -61,7 +65,7 @@ void add_case(CaseList& cases, bool simple, int H, int P, std::vector<int32_t> l
         st->q.resize(x.size());
         for (size_t i = 0; i < x.size(); ++i) st->q[i] = f32_to_bf16(x[i]);
       },
-      [st, simple](Backend b, RunContext& ctx) {
+      [st, kind](Backend b, RunContext& ctx) {
         const int n_seq = int(st->lens.size());
         float* out = ctx.out_f32(0, int64_t(n_seq) * st->H * kMlaLatent);
         MlaDecodeParams p;
@@ -97,8 +101,10 @@ void add_case(CaseList& cases, bool simple, int H, int P, std::vector<int32_t> l
           p.cache = ctx.dev_in(st->cache), p.q = ctx.dev_in(st->q);
           p.out = ctx.dev_out_f32(0, int64_t(n_seq) * st->H * kMlaLatent);
           ctx.gpu_run([&] {
-            if (simple)
+            if (kind == Kind::simple)
               mla_decode_cuda_simple(p, *ctx.gpu);
+            else if (kind == Kind::mma)
+              mla_decode_cuda_mma(p, *ctx.gpu);
             else
               mla_decode_cuda(p, *ctx.gpu);
           });
@@ -112,13 +118,15 @@ void add_case(CaseList& cases, bool simple, int H, int P, std::vector<int32_t> l
 
 K3_OP_CASES(mla_decode_cases) {
   const float s192 = 1.f / std::sqrt(192.f);  // 1 / sqrt(qk_nope + qk_rope)
-  for (bool simple : {false, true}) {
-    add_case(cases, simple, 96, 64, {1, 17, 300}, s192, 0);
-    add_case(cases, simple, 20, 16, {989, 4097, 64}, s192, 0);
-    add_case(cases, simple, 16, 64, {4097}, 0.3f, 3);   // peaky softmax, uneven forced splits
-    add_case(cases, simple, 40, 32, {1, 989}, s192, 1);  // one split: no combine across splits
-    add_case(cases, simple, 8, 64, {1}, s192, 0);
+  for (Kind kind : {Kind::wgmma, Kind::mma, Kind::simple}) {
+    add_case(cases, kind, 96, 64, {1, 17, 300}, s192, 0);
+    add_case(cases, kind, 20, 16, {989, 4097, 64}, s192, 0);
+    add_case(cases, kind, 16, 64, {4097}, 0.3f, 3);   // peaky softmax, uneven forced splits
+    add_case(cases, kind, 40, 32, {1, 989}, s192, 1);  // one split: no combine across splits
+    add_case(cases, kind, 8, 64, {1}, s192, 0);
   }
+  add_case(cases, Kind::wgmma, 128, 7, {65, 2000, 129, 3}, s192, 0);  // two full head groups, odd page size
+  add_case(cases, Kind::wgmma, 96, 64, {8191}, s192, 2);              // 2 splits of 4096: 64 tiles each
 }
 
 }  // namespace k3::opt

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# scripts/device/mla.sh: helper mla's entry in the coordinator's combined device call (budget 45-75 s wall).
+# MLA decode (ops/mla_decode.h: wgmma, mma.sync, CUDA-core kernels) and MLA prefill (ops/mla_prefill.h):
+# test-ops cases against the fp64 references first, then the benches (their own checks, then timings).
+# Builds nothing. Files in $OUT/mla: run.log (everything) and mla_cuda.jsonl (the benches' JSON lines).
+#
+#   here:   bash scripts/device/mla.sh --pack build-mla   (test-ops, bench/bench_mla_{decode,prefill}, COMMIT and
+#           the non-CUDA shared libs into .carry/dev/mla)
+#   device: bash scripts/device/mla.sh
+set -uo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$here"
+B=.carry/dev/mla
+if [ "${1:-}" = "--pack" ]; then  # runs HERE
+  build=${2:?build dir}
+  rm -rf "$B" && mkdir -p "$B/lib"
+  cp "$build/bench/bench_mla_decode" "$build/bench/bench_mla_prefill" "$B/"
+  [ -x "$build/test-ops" ] && cp "$build/test-ops" "$B/"
+  strip -s "$B"/* 2>/dev/null
+  git rev-parse --short HEAD >"$B/COMMIT"
+  for f in "$B"/test-ops "$B"/bench_mla_*; do [ -x "$f" ] && ldd "$f" 2>/dev/null; done | awk '/=> \//{print $3}' |
+    sort -u | grep -v -E 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libcuda|libcublas|libcudart|libpthread|libdl|librt' |
+    xargs -r -I{} cp -L {} "$B/lib/"
+  du -sh "$B"
+  exit 0
+fi
+out=${OUT:-/tmp/mla_out}/mla
+mkdir -p "$out"
+cuda_libs=$(dirname "$(find /usr/local/cuda*/ /usr/lib /opt -name 'libcublas.so.13*' 2>/dev/null | head -1)" 2>/dev/null)
+export LD_LIBRARY_PATH="$here/$B/lib:${cuda_libs:-/usr/local/cuda/lib64}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+commit=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
+t0=$SECONDS
+{
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+  if [ -x "$B/test-ops" ]; then
+    for op in mla_decode mla_decode_mma mla_prefill; do
+      echo "== test-ops $op (t=$((SECONDS - t0)) s)"
+      timeout 10 "$B/test-ops" test -o "$op" -b cuda -v 2>&1 | grep -E "FAIL|fail|passed|error|nmse" | tail -14
+    done
+  fi
+  echo "== decode checks, V descriptor swapped (t=$((SECONDS - t0)) s)"
+  K3_MLA_WG_VDESC=1 K3_MLA_BENCH_CHECK_ONLY=1 timeout 8 "$B/bench_mla_decode" 2>&1 | grep -v '^{' | tail -4
+  echo "== bench decode (t=$((SECONDS - t0)) s)"
+  timeout 25 "$B/bench_mla_decode" "$out/mla_cuda.jsonl" "$commit" 2>&1 | grep -v '^{'
+  echo "rc=${PIPESTATUS[0]} == bench prefill (t=$((SECONDS - t0)) s)"
+  timeout 15 "$B/bench_mla_prefill" "$out/mla_cuda.jsonl" "$commit" 2>&1 | grep -v '^{'
+  echo "rc=${PIPESTATUS[0]} == done (t=$((SECONDS - t0)) s)"
+} >"$out/run.log" 2>&1
+grep -h -o '"metric": "[^"]*", "value": [^,]*' "$out/mla_cuda.jsonl" 2>/dev/null | sed 's/"metric": //; s/, "value"//' >>"$out/run.log"
+tail -c 3000 "$out/run.log"
