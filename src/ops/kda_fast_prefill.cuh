@@ -7,20 +7,25 @@
 // which add nothing to A, T, W, U or the state). The host knows only the bound n_tok / 64 + n_seq on the
 // number of chunks, never the count itself (no device-to-host read): kernels return early past the end.
 //
-// Scratch per (chunk c, head h), 32-bit words, fp32 values already rounded to tf32 (cvt.rna), each matrix
-// stored in the register order of mma.sync m16n8k8 fragments so that the state kernel loads them with one
-// 16-byte load per lane and no conversion:
-//   QE [4 mt][16 ks][32 lanes][4]  A operand  Qe = exp(G) q                        [64 x 128]
-//   WN [4 mt][16 ks][32 lanes][4]  A operand  -W = -T (beta exp(G) k)               [64 x 128]
-//   KT [8 mt][8 ks][32 lanes][4]   A operand  Kd^T, Kd = exp(G_C - G) k             [128 x 64]
-//   AF [4 mt][8 ks][32 lanes][4]   A operand  A (masked j <= i; blocks above the diagonal not written)
-//   UC [4 mt][16 nt][32 lanes][4]  C layout   U = T (beta V)                        [64 x 128]
-//   DC [128]                       fp32       exp(G_C), the chunk's decay per key channel
-// G = in-chunk cumulative log-decay, T = (I + L)^-1 (kda.h's WY form). Lane l: g = l / 4, t = l % 4;
+// Scratch per (chunk c, head h), 32-bit words. The operands whose range the contract bounds (q, k unit rows,
+// so |Qe|, |Kd|, |A| <= 1; T and W are O(1)) are stored as fp16, which has tf32's 10 mantissa bits: widened
+// to fp32 they are exact tf32 values, so the tf32 MMAs see what an fp32 scratch rounded to tf32 would give
+// (values under fp16's normal range, 6e-5, keep an absolute error below 3e-8). Each matrix is stored as
+// mma.sync m16n8k8 A fragments in register order, two k-steps per 16-byte load: lane's uint4 =
+// {half2(a0, a1), half2(a2, a3)} of k-step 2p, then of k-step 2p + 1.
+//   QE [4 mt][8 p][32 lanes]  Qe = exp(G) q                      [64 x 128]
+//   WN [4 mt][8 p][32 lanes]  -W = -T (beta exp(G) k)            [64 x 128]
+//   KT [8 mt][4 p][32 lanes]  Kd^T, Kd = exp(G_C - G) k          [128 x 64]
+//   AF [4 mt][4 p][32 lanes]  A (masked j <= i)                  [64 x 64], k-steps above the diagonal unset
+//   TF [4 mt][4 p][32 lanes]  T = (I + L)^-1 (lower triangular)  [64 x 64], same
+//   DC [128] fp32             exp(G_C), the chunk's decay per key channel
+// U = T (beta V) is not stored: the state kernel forms it from T and its own columns of v.
+// G = in-chunk cumulative log-decay (kda.h's WY form). Lane l: g = l / 4, t = l % 4;
 // A fragment: (g, t), (g+8, t), (g, t+4), (g+8, t+4); C: (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1);
 // B: (k = t, n = g), (t+4, g).
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -30,13 +35,27 @@
 namespace k3::kdapre {
 
 constexpr int C = 64, DK = 128;
-constexpr int OFF_QE = 0, OFF_WN = OFF_QE + C * DK, OFF_KT = OFF_WN + C * DK, OFF_AF = OFF_KT + C * DK;
-constexpr int OFF_UC = OFF_AF + C * C, OFF_DC = OFF_UC + C * DK, CHUNK_WORDS = OFF_DC + DK;
-constexpr size_t CHUNK_BYTES = size_t(CHUNK_WORDS) * 4;  // 147,968 bytes per (chunk, head)
+constexpr int OFF_QE = 0, OFF_WN = OFF_QE + C * DK / 2, OFF_KT = OFF_WN + C * DK / 2, OFF_AF = OFF_KT + C * DK / 2;
+constexpr int OFF_TF = OFF_AF + C * C / 2, OFF_DC = OFF_TF + C * C / 2, CHUNK_WORDS = OFF_DC + DK;
+constexpr size_t CHUNK_BYTES = size_t(CHUNK_WORDS) * 4;  // 66,048 bytes per (chunk, head)
 
-// Word offset of fragment (tile, step) of a matrix with n_step steps per tile, for this lane.
-__device__ __forceinline__ int frag_at(int tile, int step, int n_step, int lane) {
-  return ((tile * n_step + step) * 32 + lane) * 4;
+// uint4 index of the k-step pair p of tile `tile` (n_pair pairs per tile) for this lane.
+__device__ __forceinline__ int frag_at(int tile, int pair, int n_pair, int lane) {
+  return (tile * n_pair + pair) * 32 + lane;
+}
+__device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+// Two k-steps of fp16 A fragments -> tf32 A fragments (exact).
+__device__ __forceinline__ void unpack_a(const uint4& u, uint32_t (&a0)[4], uint32_t (&a1)[4]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+    uint32_t* dst = i < 2 ? a0 : a1;
+    dst[2 * (i & 1)] = __float_as_uint(f.x), dst[2 * (i & 1) + 1] = __float_as_uint(f.y);
+  }
 }
 
 __device__ __forceinline__ uint32_t to_tf32(float x) {
@@ -51,11 +70,6 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], 
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
-__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint4& a, const uint32_t (&b)[2]) {
-  const uint32_t af[4] = {a.x, a.y, a.z, a.w};
-  mma_tf32(c, af, b);
-}
-
 // A operand from shared memory, A[m][k] = X[(row0 + m) * ld + k0 + k] (row-major, fp32 rounded here).
 __device__ __forceinline__ void lds_a(uint32_t (&a)[4], const float* X, int ld, int row0, int k0) {
   const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
@@ -82,8 +96,9 @@ __device__ __forceinline__ void lds_b_kn_u(uint32_t (&b)[2], const uint32_t* X, 
 }
 
 // A 16 x 8 accumulator tile (C layout) as the A fragment of one k-step (the tile's 8 columns are the k
-// index), through warp shuffles: lane (g, t) takes columns t and t + 4 of rows g and g + 8.
-__device__ __forceinline__ uint4 c_to_a(const float (&c)[4]) {
+// index), through warp shuffles: lane (g, t) takes columns t and t + 4 of rows g and g + 8. Returns
+// {half2(a0, a1), half2(a2, a3)}.
+__device__ __forceinline__ uint2 c_to_a_h(const float (&c)[4]) {
   const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
   const int src0 = 4 * g + (t >> 1), src1 = src0 + 2;  // holders of columns t and t + 4
   const float r0c0 = __shfl_sync(0xffffffffu, c[0], src0), r0c1 = __shfl_sync(0xffffffffu, c[1], src0);
@@ -91,8 +106,7 @@ __device__ __forceinline__ uint4 c_to_a(const float (&c)[4]) {
   const float s0c0 = __shfl_sync(0xffffffffu, c[0], src1), s0c1 = __shfl_sync(0xffffffffu, c[1], src1);
   const float s1c0 = __shfl_sync(0xffffffffu, c[2], src1), s1c1 = __shfl_sync(0xffffffffu, c[3], src1);
   const bool odd = t & 1;
-  return make_uint4(to_tf32(odd ? r0c1 : r0c0), to_tf32(odd ? r1c1 : r1c0), to_tf32(odd ? s0c1 : s0c0),
-                    to_tf32(odd ? s1c1 : s1c0));
+  return make_uint2(pack_h2(odd ? r0c1 : r0c0, odd ? r1c1 : r1c0), pack_h2(odd ? s0c1 : s0c0, odd ? s1c1 : s1c0));
 }
 
 // Sequence and first token of padded chunk index c; false past the last chunk. Every thread runs it (the

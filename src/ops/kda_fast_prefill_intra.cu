@@ -1,11 +1,11 @@
 // kda_fast_prefill_intra.cu: the state-independent half of the chunkwise KDA prefill (kda_fast.h), one CTA
 // (8 warps) per (chunk, head), all chunks in parallel. Writes the chunk's scratch (layout in
-// kda_fast_prefill.cuh): Qe, -W, Kd^T, A as tf32 MMA fragments, U in accumulator layout, exp(G_C).
+// kda_fast_prefill.cuh): Qe, -W, Kd^T, A, T as fp16 MMA fragments, exp(G_C).
 //   G = cumsum g (in-chunk);  A[i,j] = q_i.k_j exp(G_i - G_j) (j <= i);  L[i,j] = beta_i k_i.k_j exp(G_i - G_j)
 //   (j < i), one 16-row block a at a time against reference R_a = G_{16a}: rows x_i exp(G_i - R_a) in
 //   [e^-75, 1] (K3's gate bound g >= -5), columns k_j exp(R_a - G_j) <= e^75 in block a and <= 1 before it
 //   (an underflow there is a product below e^-87); T = (I + L)^-1 by 16x16 blocks;
-//   W = T (beta exp(G) k),  U = T (beta v),  Qe = exp(G) q,  Kd = exp(G_C - G) k.
+//   W = T (beta exp(G) k),  Qe = exp(G) q,  Kd = exp(G_C - G) k.
 // All products: mma.sync m16n8k8 tf32, fp32 accumulate.
 #include <cuda_bf16.h>
 
@@ -19,7 +19,7 @@ constexpr int LDR = 132;  // rows read as A operands, or as B given [n][k]
 constexpr int LDB = 136;  // B operands given [k][n]
 constexpr int LDC = 68;   // 64 x 64 matrices L, T
 // Shared memory in floats; regions reused across phases.
-constexpr int R0 = 0;              // G [64][LDR] -> beta v [64][LDB]
+constexpr int R0 = 0;              // G [64][LDR]
 constexpr int R1 = R0 + C * LDB;   // Kc [64][LDR] (A, L) -> Bk = beta exp(G) k [64][LDB]
 constexpr int R2 = R1 + C * LDB;   // L [64][LDC]
 constexpr int R3 = R2 + C * LDC;   // Qr, Kr [16][LDR] each (A, L) -> T [64][LDC]
@@ -90,7 +90,7 @@ __device__ __forceinline__ void block_al(float* sm, const Chunk& ch, uint32_t* s
       acc[c] = is_l ? (j < i ? beta[i] * x : 0.f) : (j <= i ? x : 0.f);
       if (is_l) L[i * LDC + j] = acc[c];
     }
-    if (!is_l) reinterpret_cast<uint4*>(scr + OFF_AF)[frag_at(a, j0 / 8, 8, lane) / 4] = c_to_a(acc);
+    if (!is_l) reinterpret_cast<uint2*>(scr + OFF_AF)[2 * frag_at(a, j0 / 16, 4, lane) + (j0 / 8 & 1)] = c_to_a_h(acc);
   }
   __syncthreads();
 }
@@ -168,19 +168,19 @@ __global__ void __launch_bounds__(NT, 2) kda_intra_kernel(const KdaPrefillParams
   // Qe and Kd^T fragments straight to the scratch; Bk = beta exp(G) k into R1 (Kc is dead).
   uint4* qe = reinterpret_cast<uint4*>(scr + OFF_QE);
   uint4* kt = reinterpret_cast<uint4*>(scr + OFF_KT);
-  for (int f = tid; f < 2048; f += NT) {
+  for (int f = tid; f < 1024; f += NT) {
     const int fl = f & 31, fg = fl >> 2, ft = fl & 3;
-    {  // QE: mt = f / 512, ks = (f / 32) % 16
-      const int i = 16 * (f >> 9) + fg, d = 8 * ((f >> 5) & 15) + ft;
-      qe[f] = make_uint4(to_tf32(__expf(G[i * LDR + d]) * ch.q(i, d)),
-                         to_tf32(__expf(G[(i + 8) * LDR + d]) * ch.q(i + 8, d)),
-                         to_tf32(__expf(G[i * LDR + d + 4]) * ch.q(i, d + 4)),
-                         to_tf32(__expf(G[(i + 8) * LDR + d + 4]) * ch.q(i + 8, d + 4)));
+    {  // QE: mt = f / 256, k-steps 2p, 2p + 1 with p = (f / 32) % 8
+      const int i = 16 * (f >> 8) + fg, d = 16 * ((f >> 5) & 7) + ft;
+      auto qv = [&](int ii, int dd) { return __expf(G[ii * LDR + dd]) * ch.q(ii, dd); };
+      qe[f] = make_uint4(pack_h2(qv(i, d), qv(i + 8, d)), pack_h2(qv(i, d + 4), qv(i + 8, d + 4)),
+                         pack_h2(qv(i, d + 8), qv(i + 8, d + 8)), pack_h2(qv(i, d + 12), qv(i + 8, d + 12)));
     }
-    {  // KT: mt = f / 256 over channels d, ks = (f / 32) % 8 over tokens i
-      const int d = 16 * (f >> 8) + fg, i = 8 * ((f >> 5) & 7) + ft;
-      auto kd = [&](int ii, int dd) { return to_tf32(__expf(GC[dd] - G[ii * LDR + dd]) * ch.k(ii, dd)); };
-      kt[f] = make_uint4(kd(i, d), kd(i, d + 8), kd(i + 4, d), kd(i + 4, d + 8));
+    {  // KT: mt = f / 128 over channels d, k-steps 2p, 2p + 1 over tokens i, p = (f / 32) % 4
+      const int d = 16 * (f >> 7) + fg, i = 16 * ((f >> 5) & 3) + ft;
+      auto kd = [&](int ii, int dd) { return __expf(GC[dd] - G[ii * LDR + dd]) * ch.k(ii, dd); };
+      kt[f] = make_uint4(pack_h2(kd(i, d), kd(i, d + 8)), pack_h2(kd(i + 4, d), kd(i + 4, d + 8)),
+                         pack_h2(kd(i + 8, d), kd(i + 8, d + 8)), pack_h2(kd(i + 12, d), kd(i + 12, d + 8)));
     }
   }
   float* Bk = sm + R1;
@@ -188,46 +188,39 @@ __global__ void __launch_bounds__(NT, 2) kda_intra_kernel(const KdaPrefillParams
     const int i = e >> 7, d = e & 127;
     Bk[i * LDB + d] = beta[i] * __expf(G[i * LDR + d]) * ch.k(i, d);
   }
-  __syncthreads();
-  float* bV = sm + R0;  // G is dead
-  for (int e = tid; e < C * DK / 8; e += NT) {
-    const int i = e >> 4, c8 = (e & 15) * 8;
-    uint4 u = make_uint4(0, 0, 0, 0);
-    if (i < ch.n) u = __ldg(reinterpret_cast<const uint4*>(p.v + ch.at(i, c8)));
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int x = 0; x < 4; ++x) {
-      bV[i * LDB + c8 + 2 * x] = beta[i] * __uint_as_float(w[x] << 16);
-      bV[i * LDB + c8 + 2 * x + 1] = beta[i] * __uint_as_float(w[x] & 0xffff0000u);
-    }
-  }
-  invert(sm);  // ends with a barrier: T, bV, Bk ready
-  // W = T Bk and U = T bV: warp rows 16 mt.., n-tiles 8 nh .. 8 nh + 7; T is lower triangular (k < 16 mt + 16).
+  invert(sm);  // starts with the substitution (reads L only), ends with a barrier: T, Bk ready
+  // T fragments (lower triangular: pairs p <= mt).
   const float* T = sm + R3;
+  for (int f = tid; f < 512; f += NT) {
+    const int fl = f & 31, m = f >> 7, pp = (f >> 5) & 3;
+    if (pp > m) continue;
+    const int i = 16 * m + (fl >> 2), j = 16 * pp + (fl & 3);
+    auto tv = [&](int ii, int jj) { return T[ii * LDC + jj]; };
+    reinterpret_cast<uint4*>(scr + OFF_TF)[f] =
+        make_uint4(pack_h2(tv(i, j), tv(i + 8, j)), pack_h2(tv(i, j + 4), tv(i + 8, j + 4)),
+                   pack_h2(tv(i, j + 8), tv(i + 8, j + 8)), pack_h2(tv(i, j + 12), tv(i + 8, j + 12)));
+  }
+  // W = T Bk: warp rows 16 mt.., n-tiles 8 nh .. 8 nh + 7; T is lower triangular (k < 16 mt + 16).
   const int mt = warp & 3, nh = warp >> 2, n_ks = 2 * (mt + 1);
   uint32_t ta[8][4];
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks)
     if (ks < n_ks) lds_a(ta[ks], T, LDC, 16 * mt, 8 * ks);
-#pragma unroll 2
+#pragma unroll 4
   for (int j = 0; j < 8; ++j) {
     const int nt = 8 * nh + j;
-    float accW[4] = {0.f, 0.f, 0.f, 0.f}, accU[4] = {0.f, 0.f, 0.f, 0.f};
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
       if (ks < n_ks) {
-        uint32_t bw[2], bu[2];
+        uint32_t bw[2];
         lds_b_kn(bw, Bk, LDB, 8 * ks, 8 * nt);
-        lds_b_kn(bu, bV, LDB, 8 * ks, 8 * nt);
-        mma_tf32(accW, ta[ks], bw);
-        mma_tf32(accU, ta[ks], bu);
+        mma_tf32(acc, ta[ks], bw);
       }
     }
 #pragma unroll
-    for (int c = 0; c < 4; ++c) accW[c] = -accW[c];
-    reinterpret_cast<uint4*>(scr + OFF_WN)[frag_at(mt, nt, 16, lane) / 4] = c_to_a(accW);
-    reinterpret_cast<float4*>(scr + OFF_UC)[frag_at(mt, nt, 16, lane) / 4] =
-        make_float4(accU[0], accU[1], accU[2], accU[3]);
+    for (int c = 0; c < 4; ++c) acc[c] = -acc[c];
+    reinterpret_cast<uint2*>(scr + OFF_WN)[2 * frag_at(mt, nt >> 1, 8, lane) + (nt & 1)] = c_to_a_h(acc);
   }
   (void)g, (void)t;
 }

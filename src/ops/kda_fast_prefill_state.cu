@@ -2,7 +2,7 @@
 // entry point kda_prefill_fast_cuda. One CTA (8 warps) per (slice of VB value columns, head, sequence) walks
 // the sequence's chunks in order with its fp32 state slice S [128, VB] in registers (warp w: rows 16w..16w+15)
 // and a tf32 copy in shared memory (the B operand). Per chunk, from the scratch of kda_fast_prefill_intra.cu:
-//   1. V' = U + (-W) S  (warps 0-3, rows 16w..)     O = Qe S  (warps 4-7)
+//   1. V' = T (beta V) + (-W) S  (warps 0-3, rows 16w..)     O = Qe S  (warps 4-7)
 //   2. O += A V'; o = bf16(O)  (warps 4-7)          S <- diag(exp(G_C)) S + Kd^T V'  (all warps)
 // The value columns are independent in the recurrence, so the slices need no communication.
 // The batch's chunks are processed in windows that fit the workspace: the intra kernel fills the scratch of
@@ -33,7 +33,27 @@ struct StateSmem {
   static constexpr int LD = VB + 8;  // B operands [k][n]: ld = 8 mod 32, conflict-free fragment reads
   uint32_t S[DK * LD];               // tf32 copy of the state slice
   uint32_t Vp[C * LD];               // V' (tf32)
+  uint32_t bV[C * LD];               // beta v, this CTA's columns (tf32)
 };
+
+// This thread's share of a chunk's beta v columns: 64 rows x VB columns, 8 bf16 per 16-byte load.
+template <int VB>
+struct VRegs {
+  static constexpr int N = C * VB / 8 / NT > 0 ? C * VB / 8 / NT : 1;
+  uint4 v[N];
+  float beta[N];
+};
+template <int VB>
+__device__ __forceinline__ void load_v(VRegs<VB>& r, const KdaPrefillParams& p, int64_t t0, int n, int h, int vs) {
+#pragma unroll
+  for (int m = 0; m < VRegs<VB>::N; ++m) {
+    const int e = threadIdx.x + NT * m, i = e / (VB / 8), c8 = e % (VB / 8);
+    const bool in = e < C * VB / 8 && i < n;
+    r.v[m] = in ? __ldg(reinterpret_cast<const uint4*>(p.v + (size_t(t0 + i) * p.n_head + h) * 128 + vs * VB + 8 * c8))
+                : make_uint4(0, 0, 0, 0);
+    r.beta[m] = in ? __ldg(p.beta + size_t(t0 + i) * p.n_head + h) : 0.f;
+  }
+}
 
 template <int VB>
 __global__ void __launch_bounds__(NT, 2)
@@ -63,6 +83,9 @@ __global__ void __launch_bounds__(NT, 2)
     }
   const int mt = warp & 3;
   const bool o_warp = warp >= 4;
+  auto rows_of = [&](int64_t c) { return int(len - (c - base) * C < C ? len - (c - base) * C : C); };
+  VRegs<VB> vin;
+  if (cb < ce) load_v<VB>(vin, p, tok0 + (cb - base) * C, rows_of(cb), h, vs);
   for (int64_t c = cb; c < ce; ++c) {
     const uint32_t* scr = ws + (size_t(c - c0) * H + h) * CHUNK_WORDS;
     if (vs == 0 && tid == 0 && c + 1 < ce) {  // the next chunk's scratch into L2 while this one runs
@@ -75,27 +98,59 @@ __global__ void __launch_bounds__(NT, 2)
     for (int j = 0; j < NTL; ++j)
 #pragma unroll
       for (int c2 = 0; c2 < 4; ++c2) sm.S[(d0 + g + 8 * (c2 >> 1)) * LD + 8 * j + 2 * t + (c2 & 1)] = to_tf32(sacc[j][c2]);
-    __syncthreads();
-    // 1. V' = U - W S (warps 0-3) or O = Qe S (warps 4-7), rows 16 mt.., all VB columns.
-    float acc[NTL][4];
-    const uint4* X = reinterpret_cast<const uint4*>(scr + (o_warp ? OFF_QE : OFF_WN));
-    const float4* U = reinterpret_cast<const float4*>(scr + OFF_UC);
 #pragma unroll
-    for (int j = 0; j < NTL; ++j) {
-      const float4 u = o_warp ? make_float4(0.f, 0.f, 0.f, 0.f) : __ldg(U + frag_at(mt, vs * NTL + j, 16, lane) / 4);
-      acc[j][0] = u.x, acc[j][1] = u.y, acc[j][2] = u.z, acc[j][3] = u.w;
+    for (int m = 0; m < VRegs<VB>::N; ++m) {
+      const int e = tid + NT * m, i = e / (VB / 8), c8 = e % (VB / 8);
+      if (e < C * VB / 8) {
+        const uint32_t w[4] = {vin.v[m].x, vin.v[m].y, vin.v[m].z, vin.v[m].w};
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          sm.bV[i * LD + 8 * c8 + 2 * x] = to_tf32(vin.beta[m] * __uint_as_float(w[x] << 16));
+          sm.bV[i * LD + 8 * c8 + 2 * x + 1] = to_tf32(vin.beta[m] * __uint_as_float(w[x] & 0xffff0000u));
+        }
+      }
     }
-    uint4 af[16];
+    __syncthreads();
+    if (c + 1 < ce) load_v<VB>(vin, p, tok0 + (c + 1 - base) * C, rows_of(c + 1), h, vs);  // in flight meanwhile
+    // 1. V' = T (beta V) - W S (warps 0-3) or O = Qe S (warps 4-7), rows 16 mt.., all VB columns.
+    float acc[NTL][4];
 #pragma unroll
-    for (int ks = 0; ks < 16; ++ks) af[ks] = __ldg(X + frag_at(mt, ks, 16, lane) / 4);
+    for (int j = 0; j < NTL; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    const uint4* X = reinterpret_cast<const uint4*>(scr + (o_warp ? OFF_QE : OFF_WN));
+    uint4 af[8];
 #pragma unroll
-    for (int ks = 0; ks < 16; ++ks)
+    for (int pp = 0; pp < 8; ++pp) af[pp] = __ldg(X + frag_at(mt, pp, 8, lane));
+    if (!o_warp) {
+      const uint4* Tf = reinterpret_cast<const uint4*>(scr + OFF_TF);
+#pragma unroll
+      for (int pp = 0; pp < 4; ++pp) {
+        if (pp <= mt) {
+          uint32_t a0[4], a1[4];
+          unpack_a(__ldg(Tf + frag_at(mt, pp, 4, lane)), a0, a1);
+#pragma unroll
+          for (int j = 0; j < NTL; ++j) {
+            uint32_t b0[2], b1[2];
+            lds_b_kn_u(b0, sm.bV, LD, 16 * pp, 8 * j);
+            lds_b_kn_u(b1, sm.bV, LD, 16 * pp + 8, 8 * j);
+            mma_tf32(acc[j], a0, b0);
+            mma_tf32(acc[j], a1, b1);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int pp = 0; pp < 8; ++pp) {
+      uint32_t a0[4], a1[4];
+      unpack_a(af[pp], a0, a1);
 #pragma unroll
       for (int j = 0; j < NTL; ++j) {
-        uint32_t b[2];
-        lds_b_kn_u(b, sm.S, LD, 8 * ks, 8 * j);
-        mma_tf32(acc[j], af[ks], b);
+        uint32_t b0[2], b1[2];
+        lds_b_kn_u(b0, sm.S, LD, 16 * pp, 8 * j);
+        lds_b_kn_u(b1, sm.S, LD, 16 * pp + 8, 8 * j);
+        mma_tf32(acc[j], a0, b0);
+        mma_tf32(acc[j], a1, b1);
       }
+    }
     if (!o_warp) {
 #pragma unroll
       for (int j = 0; j < NTL; ++j)
@@ -103,23 +158,26 @@ __global__ void __launch_bounds__(NT, 2)
         for (int c2 = 0; c2 < 4; ++c2) sm.Vp[(16 * mt + g + 8 * (c2 >> 1)) * LD + 8 * j + 2 * t + (c2 & 1)] = to_tf32(acc[j][c2]);
     }
     __syncthreads();
-    // 2. O += A V' (A is lower triangular: k-steps < 2 mt + 2); S <- exp(G_C) S + Kd^T V'.
+    // 2. O += A V' (A is lower triangular: k-step pairs <= mt); S <- exp(G_C) S + Kd^T V'.
     if (o_warp) {
       const uint4* Af = reinterpret_cast<const uint4*>(scr + OFF_AF);
 #pragma unroll
-      for (int ks = 0; ks < 8; ++ks) {
-        if (ks < 2 * mt + 2) {
-          const uint4 a = __ldg(Af + frag_at(mt, ks, 8, lane) / 4);
+      for (int pp = 0; pp < 4; ++pp) {
+        if (pp <= mt) {
+          uint32_t a0[4], a1[4];
+          unpack_a(__ldg(Af + frag_at(mt, pp, 4, lane)), a0, a1);
 #pragma unroll
           for (int j = 0; j < NTL; ++j) {
-            uint32_t b[2];
-            lds_b_kn_u(b, sm.Vp, LD, 8 * ks, 8 * j);
-            mma_tf32(acc[j], a, b);
+            uint32_t b0[2], b1[2];
+            lds_b_kn_u(b0, sm.Vp, LD, 16 * pp, 8 * j);
+            lds_b_kn_u(b1, sm.Vp, LD, 16 * pp + 8, 8 * j);
+            mma_tf32(acc[j], a0, b0);
+            mma_tf32(acc[j], a1, b1);
           }
         }
       }
       const int64_t t0 = tok0 + (c - base) * C;
-      const int n = int(len - (c - base) * C < C ? len - (c - base) * C : C);
+      const int n = rows_of(c);
 #pragma unroll
       for (int j = 0; j < NTL; ++j)
 #pragma unroll
@@ -135,18 +193,23 @@ __global__ void __launch_bounds__(NT, 2)
       sacc[j][0] *= dec0, sacc[j][1] *= dec0, sacc[j][2] *= dec1, sacc[j][3] *= dec1;
     }
     const uint4* Kt = reinterpret_cast<const uint4*>(scr + OFF_KT);
-    uint4 kf[8];
+    uint4 kf[4];
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks) kf[ks] = __ldg(Kt + frag_at(warp, ks, 8, lane) / 4);
+    for (int pp = 0; pp < 4; ++pp) kf[pp] = __ldg(Kt + frag_at(warp, pp, 4, lane));
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks)
+    for (int pp = 0; pp < 4; ++pp) {
+      uint32_t a0[4], a1[4];
+      unpack_a(kf[pp], a0, a1);
 #pragma unroll
       for (int j = 0; j < NTL; ++j) {
-        uint32_t b[2];
-        lds_b_kn_u(b, sm.Vp, LD, 8 * ks, 8 * j);
-        mma_tf32(sacc[j], kf[ks], b);
+        uint32_t b0[2], b1[2];
+        lds_b_kn_u(b0, sm.Vp, LD, 16 * pp, 8 * j);
+        lds_b_kn_u(b1, sm.Vp, LD, 16 * pp + 8, 8 * j);
+        mma_tf32(sacc[j], a0, b0);
+        mma_tf32(sacc[j], a1, b1);
       }
-    __syncthreads();  // Vp and S reads done before the next chunk writes them
+    }
+    __syncthreads();  // Vp, S and bV reads done before the next chunk writes them
   }
 #pragma unroll
   for (int j = 0; j < NTL; ++j)
