@@ -34,8 +34,14 @@ export LD_LIBRARY_PATH="${cuda_libs:-/usr/local/cuda/lib64}:/usr/local/cuda/lib6
 S=/dev/shm/k3slice
 cleanup() { rm -rf "$S"; }
 trap cleanup EXIT
+trap 'cleanup; exit 124' TERM INT
 t0=$SECONDS
 el() { echo "t=$((SECONDS - t0)) s"; }
+tm() {  # tm LABEL CMD...: runs CMD, then prints LABEL: wall seconds and the exit status
+  local label=$1 a=$EPOCHREALTIME rc; shift
+  "$@"; rc=$?
+  awk -v a="$a" -v b="$EPOCHREALTIME" -v l="$label" -v rc="$rc" 'BEGIN { printf "%s: %.2f s wall, rc=%d\n", l, b - a, rc }'
+}
 commit=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
 E=${SLICE_EXPERTS:-896}
 {
@@ -44,17 +50,17 @@ E=${SLICE_EXPERTS:-896}
   python3 -c "import numpy; print('numpy', numpy.__version__)"
   echo "== generate K3 slice, $E experts ($(el))"
   rm -rf "$S" && mkdir -p "$S"
-  timeout 60 python3 scripts/make_k3_slice.py --out "$S/k3" ${SLICE_TINY:+--tiny} --experts "$E" --jobs "$(nproc)" 2>&1 | tail -3
+  timeout "${SLICE_GEN_S:-60}" python3 scripts/make_k3_slice.py --out "$S/k3" ${SLICE_TINY:+--tiny} --experts "$E" --jobs "$(nproc)" 2>&1 | tail -3
   echo "rc=$? $(el); du: $(du -sbL "$S/k3" 2>/dev/null | cut -f1) bytes"
   echo "== K3.1 variant (--like) ($(el))"
   timeout 20 python3 scripts/make_k3_slice.py --out "$S/k31" ${SLICE_TINY:+--tiny} --experts "$E" --dsa --like "$S/k3" 2>&1 | tail -3
   echo "rc=$? $(el)"
   toks=1,2,3,100,1000,517,1023,42
-  for m in ${SLICE_MODELS:-k3 k31}; do
+  for m in ${SLICE_MODELS-k3 k31}; do
     echo "== $m: k3 logits fp32 cuda vs cpu, 8 tokens ($(el))"
-    /usr/bin/time -f "cuda: %e s wall, %M KB max RSS" timeout 60 "$B/k3" logits -m "$S/$m" --tokens $toks \
+    tm cuda timeout "${SLICE_LOGITS_S:-60}" "$B/k3" logits -m "$S/$m" --tokens $toks \
       --device cuda -o "$S/${m}_cuda.npy" 2>&1 | tail -3
-    /usr/bin/time -f "cpu: %e s wall, %M KB max RSS" timeout 60 "$B/k3" logits -m "$S/$m" --tokens $toks \
+    tm cpu timeout "${SLICE_LOGITS_S:-60}" "$B/k3" logits -m "$S/$m" --tokens $toks \
       --device cpu -o "$S/${m}_cpu.npy" 2>&1 | tail -3
     python3 - "$S/${m}_cuda.npy" "$S/${m}_cpu.npy" <<'EOF'
 import sys, numpy as np
@@ -65,8 +71,9 @@ EOF
   done
   if [ -x "$B/bench_slice" ]; then
     echo "== bench_slice ($(el))"
-    timeout "${SLICE_BENCH_S:-60}" "$B/bench_slice" -m "$S/k3" -m31 "$S/k31" --jsonl "$out/slice.jsonl" \
-      --commit "$commit" 2>&1
+    bs=${SLICE_BENCH_S:-60}
+    timeout "$bs" "$B/bench_slice" -m "$S/k3" -m31 "$S/k31" --jsonl "$out/slice.jsonl" --commit "$commit" \
+      --budget-s "$((bs - 5))" ${SLICE_BENCH_ARGS:-} 2>&1
     echo "rc=$? $(el)"
   fi
   if [ "${SLICE_GEN_FULL:-0}" = 1 ]; then  # the 896-expert generation rate, cut at the budget
