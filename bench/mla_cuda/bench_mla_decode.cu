@@ -200,7 +200,7 @@ int main(int argc, char** argv) {
            sh.goal ? ">= 0.85 of copy bandwidth on cache bytes" : nullptr, 0.85);
       if (gemm > 0) emit(tag + "_TFLOPs", flops / us * 1e-6, "TFLOP/s", "cublasGemmEx bf16 TFLOP/s", gemm);
       if (k == mla_decode_cuda)  // forced split counts (auto = fewest whole waves of 132 SMs)
-        for (int ns : sh.n_seq > 1 ? std::vector<int>{2, 4} : std::vector<int>{33, 132}) {
+        for (int ns : sh.n_seq > 1 ? std::vector<int>{1, 3} : std::vector<int>{33, 132}) {
           s.p.n_split = ns;
           const double us_ns = time_us(s, k, g);
           s.p.n_split = 0;

@@ -39,11 +39,11 @@ t0=$SECONDS
     done
   fi
   echo "== decode checks, V descriptor swapped (t=$((SECONDS - t0)) s)"
-  K3_MLA_WG_VDESC=1 K3_MLA_BENCH_CHECK_ONLY=1 timeout 8 "$B/bench_mla_decode" 2>&1 | grep -v '^{' | tail -4
+  K3_MLA_WG_VDESC=1 K3_MLA_BENCH_CHECK_ONLY=1 timeout 7 "$B/bench_mla_decode" 2>&1 | grep -v '^{' | tail -4
   echo "== bench decode (t=$((SECONDS - t0)) s)"
-  timeout 25 "$B/bench_mla_decode" "$out/mla_cuda.jsonl" "$commit" 2>&1 | grep -v '^{'
+  timeout 22 "$B/bench_mla_decode" "$out/mla_cuda.jsonl" "$commit" 2>&1 | grep -v '^{'
   echo "rc=${PIPESTATUS[0]} == bench prefill (t=$((SECONDS - t0)) s)"
-  timeout 15 "$B/bench_mla_prefill" "$out/mla_cuda.jsonl" "$commit" 2>&1 | grep -v '^{'
+  timeout 13 "$B/bench_mla_prefill" "$out/mla_cuda.jsonl" "$commit" 2>&1 | grep -v '^{'
   echo "rc=${PIPESTATUS[0]} == done (t=$((SECONDS - t0)) s)"
 } >"$out/run.log" 2>&1
 grep -h -o '"metric": "[^"]*", "value": [^,]*' "$out/mla_cuda.jsonl" 2>/dev/null | sed 's/"metric": //; s/, "value"//' >>"$out/run.log"
