@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""make_tiny_checkpoints.py: writes models/tiny-kl, models/tiny-k3, models/tiny-k31 (docs/tiny-models.md).
+"""make_tiny_checkpoints.py: writes models/tiny-kl, models/tiny-k3, models/tiny-k31, models/tiny-k3-mla
+(docs/tiny-models.md).
 
 Small random-weight checkpoints in the PUBLISHED layouts (MODEL.md §1, §4-§10):
   tiny-kl   flat config.json (model_type kimi_linear), names model.*, bf16 experts, one model.safetensors
@@ -8,6 +9,8 @@ Small random-weight checkpoints in the PUBLISHED layouts (MODEL.md §1, §4-§10
             (weight_packed u8 [out, in/2], weight_scale u8 E8M0 [out, in/32]), fake vision_tower.* /
             mm_projector.* tensors, 2 shards + model.safetensors.index.json
   tiny-k31  as tiny-k3 + text_config.dsa_config and self_attn.indexer.* in the DSA layers, one file
+  tiny-k3-mla  as tiny-k3 with the production MLA head widths (kv_lora 512, nope 128, rope 64, v 128: the
+            shapes of the GPU's tensor-core MLA kernels), 4 heads, 4 layers, one file
 Weights: normal * 1/sqrt(fan_in) so activations stay O(1); norms near 1; fp32 where MODEL.md says fp32.
 Tokenizer files come from tests/data/tokenizer-tiny-{k2,k3}/ when present, else a placeholder
 (256 single bytes + 768 two-byte merges = 1024 ranks, 256 specials at 1024..1279).
@@ -137,7 +140,10 @@ def make_config(family):
         c = {"architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear"}
         c.update(text_keys(False, 6, [4, 6]))
         return c
-    tc = text_keys(True, 8, [4, 8])
+    tc = text_keys(True, 4, [2, 4]) if family == "k3mla" else text_keys(True, 8, [4, 8])
+    if family == "k3mla":
+        tc.update({"kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+                   "head_dim": 128})
     if family == "k31":
         tc["dsa_config"] = {"dsa_layers": [4, 8], "index_num_heads": 2, "index_head_dim": 16, "index_topk": 8,
                             "index_topk_freq": 1, "index_k_norm_type": "layernorm", "index_skip_topk_offset": 0}
@@ -307,7 +313,7 @@ def write_tokenizer(dst, k3):
 
 # ---------------------------------------------------------------- main
 def write_model(family, seed, shards):
-    dst = ROOT / "models" / {"kl": "tiny-kl", "k3": "tiny-k3", "k31": "tiny-k31"}[family]
+    dst = ROOT / "models" / {"kl": "tiny-kl", "k3": "tiny-k3", "k31": "tiny-k31", "k3mla": "tiny-k3-mla"}[family]
     if dst.exists():
         shutil.rmtree(dst)
     dst.mkdir(parents=True)
@@ -340,3 +346,4 @@ if __name__ == "__main__":
     write_model("kl", 1001, 1)
     write_model("k3", 1003, 2)
     write_model("k31", 1031, 1)
+    write_model("k3mla", 1033, 1)

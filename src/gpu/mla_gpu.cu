@@ -6,10 +6,22 @@
 //   absorbed (decode):    q^_h = [W_UK_h^T q_nope_h | q_r_h], MQA over the 576-wide cache, z_h = W_UV_h z^_h
 //   z *= sigmoid(g_proj x) (output gate);  out = o_proj z.   S_t: causal, or the DSA selection (dsa_gpu.cu)
 // W_UK / W_UV are read from an fp32 copy of kv_b_proj (exact: bf16 -> fp32) with fp32 sums, as the CPU does.
+//
+// bf16 mode with the production head dims (kv_lora_rank 512, rope 64; nope 128, v 128), dense causal: the
+// tensor-core kernels on bf16 copies of their inputs (every input is bf16-exact or nearly so at this
+// precision; the kernels also round the softmax weights to bf16):
+//   absorbed:   mla_decode_cuda over the sequence's latent rows (one page table for the contiguous cache;
+//               query t of the call is a "sequence" of ctx n_past + t + 1 sharing it);
+//   unabsorbed: mla_prefill_cuda on q, kv_b_proj's [k_nope | v] rows and the latent's rope part.
+// fp32 mode, other dims and DSA-sparse calls keep the exact generic attention_cuda.
+// The state holds an fp32 latent cache, so the decode path converts the whole prefix to bf16 every call
+// (6 bytes an element more than the kernel's 2): a bf16 paged cache in the GPU state removes that.
 #include <cmath>
 
 #include "gpu/blocks_gpu.cuh"
 #include "ops/attention.h"
+#include "ops/mla_decode.h"
+#include "ops/mla_prefill.h"
 
 namespace k3::gpu {
 
@@ -59,6 +71,73 @@ __global__ void expand_z_kernel(float* z, const float* zh, const float* kvb, int
   z[i] = acc;
 }
 
+__global__ void to_bf16_kernel(uint16_t* y, const float* x, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) {
+    const __nv_bfloat16 b = __float2bfloat16_rn(x[i]);
+    y[i] = *reinterpret_cast<const uint16_t*>(&b);
+  }
+}
+
+// ctx_len[t] = n0 + t + 1 (t < n_tok); table[t, j] = j (j < n_pages): every query row shares the pages.
+__global__ void decode_table_kernel(int32_t* ctx_len, int32_t* table, int64_t n_tok, int n_pages, int64_t n0) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n_tok) ctx_len[i] = int32_t(n0 + i + 1);
+  if (i < n_tok * n_pages) table[i] = int32_t(i % n_pages);
+}
+
+Status to_bf16(const GpuCtx& c, const float* x, int64_t n, DevBuf* y) {
+  K3_RETURN_IF_ERROR(y->alloc_bytes(c, size_t(n) * 2));
+  to_bf16_kernel<<<blocks_for(n), kThreads, 0, c.stream()>>>(y->as<uint16_t>(), x, n);
+  return ok_status();
+}
+
+// Absorbed attention of one sequence's n_tok queries qs [n_tok, nh, 576] over latent [n_ctx, 576] -> zs.
+Status decode_fast(const GpuCtx& c, const float* qs, const float* latent, int64_t n_tok, int64_t n_past, int nh,
+                   float scale, float* zs) {
+  constexpr int P = 64;
+  const int64_t n_ctx = n_past + n_tok;
+  const int n_pages = int((n_ctx + P - 1) / P);
+  DevBuf q16, lat16, lens, table, ws;
+  K3_RETURN_IF_ERROR(to_bf16(c, qs, n_tok * nh * kMlaRow, &q16));
+  K3_RETURN_IF_ERROR(to_bf16(c, latent, n_ctx * kMlaRow, &lat16));
+  K3_RETURN_IF_ERROR(lens.alloc_bytes(c, size_t(n_tok) * 4));
+  K3_RETURN_IF_ERROR(table.alloc_bytes(c, size_t(n_tok) * n_pages * 4));
+  decode_table_kernel<<<blocks_for(n_tok * n_pages), kThreads, 0, c.stream()>>>(
+      lens.as<int32_t>(), table.as<int32_t>(), n_tok, n_pages, n_past);
+  MlaDecodeParams p;
+  p.n_seq = int(n_tok), p.n_head = nh, p.page_size = P, p.max_pages = n_pages, p.n_pages = n_pages;
+  p.max_ctx = int(n_ctx), p.ctx_len = lens.as<int32_t>(), p.block_table = table.as<int32_t>();
+  p.cache = lat16.as<uint16_t>(), p.q = q16.as<uint16_t>(), p.scale = scale, p.out = zs;
+  K3_RETURN_IF_ERROR(mla_decode_check(p));
+  GpuContext g = *c.g;  // the partials go to a scratch buffer of their own
+  g.workspace_bytes = mla_decode_workspace_bytes(p, 0);
+  K3_RETURN_IF_ERROR(ws.alloc_bytes(c, g.workspace_bytes));
+  g.workspace = ws.f();
+  mla_decode_cuda(p, g);
+  return ok_status();
+}
+
+// Dense causal unabsorbed attention of one sequence: q [n_tok, nh, 192], kvb [n_ctx, nh, 256] = [k_nope | v],
+// the rope keys at latent[:, 512:576] -> z [n_tok, nh, 128].
+Status prefill_fast(const GpuCtx& c, const float* q, const float* kvb, const float* latent, int64_t n_tok,
+                    int64_t n_past, int nh, int R, float scale, float* z) {
+  const int64_t n_ctx = n_past + n_tok, dl = R + kMlaPrefillRope;
+  DevBuf q16, kv16, lat16;
+  K3_RETURN_IF_ERROR(to_bf16(c, q, n_tok * nh * kMlaPrefillQk, &q16));
+  K3_RETURN_IF_ERROR(to_bf16(c, kvb, n_ctx * nh * 256, &kv16));
+  K3_RETURN_IF_ERROR(to_bf16(c, latent, n_ctx * dl, &lat16));
+  MlaPrefillParams p;
+  p.n_q = int(n_tok), p.n_kv = int(n_ctx), p.n_head = nh, p.q_pos0 = int(n_past), p.scale = scale, p.out = z;
+  p.q = q16.as<uint16_t>(), p.q_tok_stride = int64_t(nh) * kMlaPrefillQk, p.q_head_stride = kMlaPrefillQk;
+  p.k_nope = kv16.as<uint16_t>(), p.k_tok_stride = int64_t(nh) * 256, p.k_head_stride = 256;
+  p.v = kv16.as<uint16_t>() + kMlaPrefillNope, p.v_tok_stride = int64_t(nh) * 256, p.v_head_stride = 256;
+  p.k_rope = lat16.as<uint16_t>() + R, p.r_tok_stride = dl, p.r_head_stride = 0;
+  K3_RETURN_IF_ERROR(mla_prefill_check(p));
+  mla_prefill_cuda(p, *c.g);
+  return ok_status();
+}
+
 }  // namespace
 
 Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeightsGpu& w,
@@ -92,6 +171,8 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
     K3_RETURN_IF_ERROR(zh.alloc(c, n_tok * nh * R));
   }
   const float scale = 1.f / std::sqrt(float(dqk));
+  const bool fast_decode = c.bf16() && R == kMlaLatent && dr == kMlaRope;
+  const bool fast_prefill = c.bf16() && dn == kMlaPrefillNope && dr == kMlaPrefillRope && dv == kMlaPrefillV;
   for (const MlaSeqGpu& s : seqs) {
     if (s.n_tok <= 0) continue;
     MlaStateGpu& st = *s.st;
@@ -116,8 +197,13 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
     if (!s.absorbed) {
       DevBuf kvb, K;
       K3_RETURN_IF_ERROR(kvb.alloc(c, n_ctx * nh * wkv));
-      K3_RETURN_IF_ERROR(K.alloc(c, n_ctx * nh * dqk));
       linear(c, w.kv_b_proj, st.latent, n_ctx, kvb.f(), true, false, /*ldx=*/dl);  // [n_ctx, nh * wkv]
+      if (fast_prefill && !sparse) {
+        K3_RETURN_IF_ERROR(prefill_fast(c, q.f() + s.row0 * nh * dqk, kvb.f(), st.latent, s.n_tok, s.n_past, nh, R,
+                                        scale, z.f() + s.row0 * nh * dv));
+        continue;
+      }
+      K3_RETURN_IF_ERROR(K.alloc(c, n_ctx * nh * dqk));
       build_k_kernel<<<blocks_for(n_ctx * nh * dqk), kThreads, 0, c.stream()>>>(
           K.f(), kvb.f(), st.latent, n_ctx, nh, dn, dr, R, dl, wkv);
       p.d_qk = dqk, p.d_v = dv;
@@ -133,12 +219,16 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
     float* zs = zh.f() + s.row0 * nh * R;
     absorb_q_kernel<<<blocks_for(s.n_tok * nh * dl), kThreads, 0, c.stream()>>>(
         qs, q.f() + s.row0 * nh * dqk, w.kv_b_f32, s.n_tok, nh, dn, dr, R, wkv);
-    p.d_qk = dl, p.d_v = R;
-    p.q = qs, p.q_tok_stride = int64_t(nh) * dl, p.q_head_stride = dl;
-    p.k = st.latent, p.k_tok_stride = dl, p.k_head_stride = 0;
-    p.v = st.latent, p.v_tok_stride = dl, p.v_head_stride = 0;
-    p.out = zs;
-    attention_cuda(p, *c.g);
+    if (fast_decode && !sparse) {
+      K3_RETURN_IF_ERROR(decode_fast(c, qs, st.latent, s.n_tok, s.n_past, nh, scale, zs));
+    } else {
+      p.d_qk = dl, p.d_v = R;
+      p.q = qs, p.q_tok_stride = int64_t(nh) * dl, p.q_head_stride = dl;
+      p.k = st.latent, p.k_tok_stride = dl, p.k_head_stride = 0;
+      p.v = st.latent, p.v_tok_stride = dl, p.v_head_stride = 0;
+      p.out = zs;
+      attention_cuda(p, *c.g);
+    }
     expand_z_kernel<<<blocks_for(s.n_tok * nh * dv), kThreads, 0, c.stream()>>>(
         z.f() + s.row0 * nh * dv, zs, w.kv_b_f32, s.n_tok, nh, dn, dv, R, wkv);
   }

@@ -245,7 +245,8 @@ TEST_P(GpuModelTiny, Bf16LogitsNearCpu) {
   EXPECT_LE(e, 5e-2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, GpuModelTiny, ::testing::Values("tiny-kl", "tiny-k3", "tiny-k31"));
+// tiny-k3-mla: the production MLA head widths, so bf16 mode runs the tensor-core MLA kernels (mla_gpu.cu).
+INSTANTIATE_TEST_SUITE_P(Families, GpuModelTiny, ::testing::Values("tiny-kl", "tiny-k3", "tiny-k31", "tiny-k3-mla"));
 
 // -log softmax(z)[id] in double.
 double nll(const float* z, int64_t V, int32_t id) {
