@@ -45,6 +45,7 @@ enum class MoeAct : uint8_t { silu, situ };
 enum class MoePath : uint8_t { automatic, decode, prefill };
 
 constexpr int kMoeDecodeMaxTok = 64;
+constexpr int kMoeMaxExpert = 4096;  // the device sort keeps 2 x n_expert ints in shared memory
 
 struct MoeExpertsParams {
   int64_t n_tok = 0;

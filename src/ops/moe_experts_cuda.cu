@@ -202,31 +202,41 @@ __device__ __forceinline__ void load_w(WRaw& w, const uint8_t* wp, const uint8_t
   w.s1 = scale_bf16x2(ob ? __ldg(sp + size_t(rb) * (K / 32) + col / 32) : 127);
 }
 
-// A fragment of k16 step s (0..7): bytes 2s, 2s+1 of rows g (a0, a2) and g + 8 (a1, a3)
+// A fragment of k16 step s (0..7): bytes 2s, 2s+1 of rows g (a0, a2) and g + 8 (a1, a3).
+// REP: the table is replicated per lane (entry b of lane l at b * 32 + l: every lookup conflict-free).
+template <bool REP>
+__device__ __forceinline__ uint32_t lut_at(const uint32_t* lut, uint32_t b) {
+  if constexpr (REP) return lut[(b << 5) | (threadIdx.x & 31)];
+  return lut[b];
+}
+template <bool REP>
 __device__ __forceinline__ void frag_a(const WRaw& w, int s, const uint32_t* lut, uint32_t* a) {
   const uint32_t w0 = (&w.r0.x)[s >> 1], w1 = (&w.r1.x)[s >> 1];
   const int sh = (s & 1) * 16;
-  a[0] = bf16x2_mul(lut[(w0 >> sh) & 0xff], w.s0);
-  a[2] = bf16x2_mul(lut[(w0 >> (sh + 8)) & 0xff], w.s0);
-  a[1] = bf16x2_mul(lut[(w1 >> sh) & 0xff], w.s1);
-  a[3] = bf16x2_mul(lut[(w1 >> (sh + 8)) & 0xff], w.s1);
+  a[0] = bf16x2_mul(lut_at<REP>(lut, (w0 >> sh) & 0xff), w.s0);
+  a[2] = bf16x2_mul(lut_at<REP>(lut, (w0 >> (sh + 8)) & 0xff), w.s0);
+  a[1] = bf16x2_mul(lut_at<REP>(lut, (w1 >> sh) & 0xff), w.s1);
+  a[3] = bf16x2_mul(lut_at<REP>(lut, (w1 >> (sh + 8)) & 0xff), w.s1);
 }
 
-template <bool DUAL, int BT>
+__device__ __forceinline__ float e2m1_mag(uint32_t em) {  // {0, .5, 1, 1.5, 2, 3, 4, 6}[em], exact
+  return em >= 2 ? __uint_as_float((((em >> 1) + 126u) << 23) | ((em & 1u) << 22)) : em ? 0.5f : 0.f;
+}
+
+template <bool DUAL, int BT, bool REP>
 __global__ void __launch_bounds__(kWarps * 32) experts_gemm_kernel(GemmArgs a) {
   constexpr int NF = BT / 8;  // token fragments
-  __shared__ uint32_t lut[256];
-  __shared__ __align__(16) uint4 xs[2][BT * kXUnits];
+  extern __shared__ uint4 dyn_smem[];
+  uint4(*xs)[BT * kXUnits] = reinterpret_cast<uint4(*)[BT * kXUnits]>(dyn_smem);  // [2][BT * kXUnits]
+  uint32_t* lut = reinterpret_cast<uint32_t*>(dyn_smem + 2 * BT * kXUnits);      // [REP ? 256 * 32 : 256]
   __shared__ int src_row[BT];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  {  // byte (2 e2m1, low nibble first) -> bf16x2
-    const float mag[8] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
-    const int b = tid;
-    float lo = mag[b & 7], hi = mag[(b >> 4) & 7];
-    if (b & 8) lo = -lo;
-    if (b & 128) hi = -hi;
+  // byte (2 e2m1, low nibble first) -> bf16x2; REP: entry b of lane l at b * 32 + l (conflict-free writes too)
+  for (int i = tid; i < (REP ? 256 * 32 : 256); i += kWarps * 32) {
+    const int b = REP ? i >> 5 : i;
+    const float lo = e2m1_mag(b & 7) * ((b & 8) ? -1.f : 1.f), hi = e2m1_mag((b >> 4) & 7) * ((b & 128) ? -1.f : 1.f);
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    lut[b] = *reinterpret_cast<const uint32_t*>(&v);
+    lut[i] = *reinterpret_cast<const uint32_t*>(&v);
   }
   // which expert and which rows
   const int tile = blockIdx.x;
@@ -294,10 +304,10 @@ __global__ void __launch_bounds__(kWarps * 32) experts_gemm_kernel(GemmArgs a) {
 #pragma unroll
     for (int sp = 0; sp < 4; ++sp) {  // pairs of k16 steps: one 16-byte X unit per token fragment
       uint32_t fa0[4], fa1[4], fb0[4], fb1[4];
-      frag_a(wa, 2 * sp, lut, fa0);
-      frag_a(wa, 2 * sp + 1, lut, fa1);
-      frag_a(wb, 2 * sp, lut, fb0);
-      frag_a(wb, 2 * sp + 1, lut, fb1);
+      frag_a<REP>(wa, 2 * sp, lut, fa0);
+      frag_a<REP>(wa, 2 * sp + 1, lut, fa1);
+      frag_a<REP>(wb, 2 * sp, lut, fb0);
+      frag_a<REP>(wb, 2 * sp + 1, lut, fb1);
 #pragma unroll
       for (int f = 0; f < NF; ++f) {
         const uint4 xv = xs[buf][(f * 8 + n_l) * kXUnits + sp * 4 + q];
@@ -331,35 +341,45 @@ __global__ void __launch_bounds__(kWarps * 32) experts_gemm_kernel(GemmArgs a) {
     }
 }
 
-template <bool DUAL, int BT>
+template <bool DUAL, int BT, bool REP>
 void launch_gemm(const GemmArgs& a, int64_t n_rows, GpuContext& g) {
   const int64_t max_tiles = (n_rows + BT - 1) / BT + std::min<int64_t>(a.E, n_rows);
   const int per_block = kWarps * (DUAL ? 16 : 32);
   const dim3 grid(unsigned(max_tiles), unsigned((a.n_out + per_block - 1) / per_block));
-  experts_gemm_kernel<DUAL, BT><<<grid, kWarps * 32, 0, g.stream>>>(a);
+  const size_t smem = size_t(2 * BT * kXUnits) * 16 + (REP ? 256 * 32 : 256) * 4;
+  if (smem > 48 * 1024)  // only the bench variants (the default BT 8 / 64 tiles stay below)
+    K3_CUDA_ASSERT(cudaFuncSetAttribute(experts_gemm_kernel<DUAL, BT, REP>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  experts_gemm_kernel<DUAL, BT, REP><<<grid, kWarps * 32, smem, g.stream>>>(a);
   K3_CUDA_LAUNCH_CHECK();
 }
 
-template <int BT>
+template <int BT, bool REP = false>
 void run_path(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g) {
   sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(p.sel, int(n_rows), p.n_expert, BT,
                                                                           s.offsets, s.tile_start, s.order);
   K3_CUDA_LAUNCH_CHECK();
   GemmArgs a{p.experts, s.offsets, s.tile_start, s.order, p.n_expert, p.k, p.d_ff, p.d_in, s.zb, s.h,
              p.act, p.beta1, p.beta2};
-  launch_gemm<true, BT>(a, n_rows, g);
+  launch_gemm<true, BT, REP>(a, n_rows, g);
   a.n_out = p.d_in, a.K = p.d_ff, a.x = s.h, a.out = s.o;
-  launch_gemm<false, BT>(a, n_rows, g);
+  launch_gemm<false, BT, REP>(a, n_rows, g);
 }
 
 }  // namespace
 
 size_t moe_experts_scratch_bytes(const MoeExpertsParams& p) { return carve(p, nullptr).bytes; }
 
-void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g) {
+// variant: 0 = default; bench builds (-DK3_MOE_VARIANTS) add 1 = replicated table, 2 = prefill BT 32,
+// 3 = prefill BT 80, 4 = prefill BT 80 + replicated table.
+void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
+
+void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g) { moe_experts_cuda_variant(p, g, 0); }
+
+void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant) {
   K3_ASSERT(moe_experts_check(p).ok());
   K3_ASSERT(p.scratch != nullptr || p.n_tok == 0);
-  K3_ASSERT(p.n_expert <= 8192 && "moe_experts_cuda: the sort keeps 2 x n_expert ints in shared memory");
+  (void)variant;
   if (p.n_tok == 0) return;
   const Scratch s = carve(p, p.scratch);
   const int64_t n_rows = p.n_tok * p.k;
@@ -368,6 +388,17 @@ void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g) {
                                                                                   p.n_tok, p.d_in, s.zb);
   K3_CUDA_LAUNCH_CHECK();
   const bool decode = p.path == MoePath::decode || (p.path == MoePath::automatic && p.n_tok <= kMoeDecodeMaxTok);
+#ifdef K3_MOE_VARIANTS
+  if (variant == 1 || (variant == 4 && decode))
+    decode ? run_path<8, true>(p, s, n_rows, g) : run_path<64, true>(p, s, n_rows, g);
+  else if (variant == 2 && !decode)
+    run_path<32>(p, s, n_rows, g);
+  else if (variant == 3 && !decode)
+    run_path<80>(p, s, n_rows, g);
+  else if (variant == 4)
+    run_path<80, true>(p, s, n_rows, g);
+  else
+#endif
   if (decode)
     run_path<8>(p, s, n_rows, g);
   else

@@ -29,12 +29,12 @@ double dot_mxfp4(const uint8_t* w, const uint8_t* s, int64_t cols, int64_t row, 
 }  // namespace
 
 Status moe_experts_check(const MoeExpertsParams& p) {
-  if (p.n_tok < 0 || p.k < 1 || p.k > p.n_expert || p.d_in <= 0 || p.d_ff <= 0 || p.d_in % 32 != 0 ||
+  if (p.n_tok < 0 || p.k < 1 || p.k > p.n_expert || p.n_expert > kMoeMaxExpert || p.d_in <= 0 || p.d_ff <= 0 || p.d_in % 32 != 0 ||
       p.d_ff % 32 != 0 || (p.ldz != 0 && p.ldz < p.d_in) || (p.ldy != 0 && p.ldy < p.d_in))
     return error(Code::unsupported, "moe_experts: unsupported shape n_tok=" + std::to_string(p.n_tok) +
                                         " n_expert=" + std::to_string(p.n_expert) + " k=" + std::to_string(p.k) +
                                         " d_in=" + std::to_string(p.d_in) + " d_ff=" + std::to_string(p.d_ff) +
-                                        " (d_in and d_ff must be multiples of 32)");
+                                        " (d_in and d_ff multiples of 32, n_expert <= " + std::to_string(kMoeMaxExpert) + ")");
   return ok_status();
 }
 
