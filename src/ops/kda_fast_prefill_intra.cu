@@ -95,13 +95,14 @@ __device__ __forceinline__ void block_al(float* sm, const Chunk& ch, uint32_t* s
   __syncthreads();
 }
 
-// T = (I + L)^-1 (unit lower triangular), 16x16 blocks: T_aa by substitution, then
-// T_ab = -T_aa sum_{c=b}^{a-1} L_ac T_cb by distance a - b. Blocks above the diagonal are never read.
-__device__ void invert(float* sm) {
+// T = (I + L)^-1 (unit lower triangular), 16x16 blocks: T_aa by substitution (threads 0-63, one column
+// each; invert_diag), then T_ab = -T_aa sum_{c=b}^{a-1} L_ac T_cb by distance a - b (invert_off, all
+// threads, after a barrier). Blocks above the diagonal are never read.
+__device__ __forceinline__ void invert_diag(float* sm) {
   const int tid = threadIdx.x;
   const float* L = sm + R2;
-  float *T = sm + R3, *P = sm + RP;
-  if (tid < 64) {
+  float* T = sm + R3;
+  {
     const int a = tid >> 4, c = tid & 15;
     float x[16];
 #pragma unroll
@@ -113,7 +114,11 @@ __device__ void invert(float* sm) {
       T[(16 * a + r) * LDC + 16 * a + c] = s;
     }
   }
-  __syncthreads();
+}
+__device__ void invert_off(float* sm) {
+  const int tid = threadIdx.x;
+  const float* L = sm + R2;
+  float *T = sm + R3, *P = sm + RP;
   const int r = tid >> 4, c = tid & 15;  // one thread per element of a 16x16 block
   for (int dist = 1; dist < 4; ++dist) {
     for (int b = 0; b + dist < 4; ++b) {
@@ -145,6 +150,11 @@ __global__ void __launch_bounds__(NT, 2) kda_intra_kernel(const KdaPrefillParams
   if (!chunk_pos(p, c0 + blockIdx.x, pos)) return;
   const Chunk ch{&p, pos.t0, pos.n, h};
   uint32_t* scr = ws + (size_t(blockIdx.x) * H + h) * CHUNK_WORDS;
+  {  // this chunk's q and k rows (64 x 256 B each, strided by the heads) into L2 for the A, L rounds
+    const int i = (tid >> 1) & 63, half = tid & 1;
+    const uint16_t* base = (tid < 128 ? p.q : p.k) + ch.at(i < ch.n ? i : 0, 64 * half);
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(base));
+  }
   float *G = sm + R0, *beta = sm + RB, *GC = sm + RG;
   // G = cumsum g: thread d < 128 walks column d.
   if (tid < C) beta[tid] = tid < ch.n ? __ldg(p.beta + size_t(ch.t0 + tid) * H + h) : 0.f;
@@ -165,30 +175,39 @@ __global__ void __launch_bounds__(NT, 2) kda_intra_kernel(const KdaPrefillParams
   block_al<1>(sm, ch, scr);
   block_al<2>(sm, ch, scr);
   block_al<3>(sm, ch, scr);
-  // Qe and Kd^T fragments straight to the scratch; Bk = beta exp(G) k into R1 (Kc is dead).
-  uint4* qe = reinterpret_cast<uint4*>(scr + OFF_QE);
-  uint4* kt = reinterpret_cast<uint4*>(scr + OFF_KT);
-  for (int f = tid; f < 1024; f += NT) {
-    const int fl = f & 31, fg = fl >> 2, ft = fl & 3;
-    {  // QE: mt = f / 256, k-steps 2p, 2p + 1 with p = (f / 32) % 8
-      const int i = 16 * (f >> 8) + fg, d = 16 * ((f >> 5) & 7) + ft;
-      auto qv = [&](int ii, int dd) { return __expf(G[ii * LDR + dd]) * ch.q(ii, dd); };
-      qe[f] = make_uint4(pack_h2(qv(i, d), qv(i + 8, d)), pack_h2(qv(i, d + 4), qv(i + 8, d + 4)),
-                         pack_h2(qv(i, d + 8), qv(i + 8, d + 8)), pack_h2(qv(i, d + 12), qv(i + 8, d + 12)));
+  // Threads 0-63: the diagonal inverses. The others meanwhile: Qe and Kd^T fragments straight to the
+  // scratch, Bk = beta exp(G) k into R1 (Kc is dead).
+  if (tid < 64) {
+    invert_diag(sm);
+  } else {
+    constexpr int NE = NT - 64;
+    const int te = tid - 64;
+    uint4* qe = reinterpret_cast<uint4*>(scr + OFF_QE);
+    uint4* kt = reinterpret_cast<uint4*>(scr + OFF_KT);
+    for (int f = te; f < 1024; f += NE) {
+      const int fl = f & 31, fg = fl >> 2, ft = fl & 3;
+      {  // QE: mt = f / 256, k-steps 2p, 2p + 1 with p = (f / 32) % 8
+        const int i = 16 * (f >> 8) + fg, d = 16 * ((f >> 5) & 7) + ft;
+        auto qv = [&](int ii, int dd) { return __expf(G[ii * LDR + dd]) * ch.q(ii, dd); };
+        qe[f] = make_uint4(pack_h2(qv(i, d), qv(i + 8, d)), pack_h2(qv(i, d + 4), qv(i + 8, d + 4)),
+                           pack_h2(qv(i, d + 8), qv(i + 8, d + 8)), pack_h2(qv(i, d + 12), qv(i + 8, d + 12)));
+      }
+      {  // KT: mt = f / 128 over channels d, k-steps 2p, 2p + 1 over tokens i, p = (f / 32) % 4
+        const int d = 16 * (f >> 7) + fg, i = 16 * ((f >> 5) & 3) + ft;
+        auto kd = [&](int ii, int dd) { return __expf(GC[dd] - G[ii * LDR + dd]) * ch.k(ii, dd); };
+        kt[f] = make_uint4(pack_h2(kd(i, d), kd(i, d + 8)), pack_h2(kd(i + 4, d), kd(i + 4, d + 8)),
+                           pack_h2(kd(i + 8, d), kd(i + 8, d + 8)), pack_h2(kd(i + 12, d), kd(i + 12, d + 8)));
+      }
     }
-    {  // KT: mt = f / 128 over channels d, k-steps 2p, 2p + 1 over tokens i, p = (f / 32) % 4
-      const int d = 16 * (f >> 7) + fg, i = 16 * ((f >> 5) & 3) + ft;
-      auto kd = [&](int ii, int dd) { return __expf(GC[dd] - G[ii * LDR + dd]) * ch.k(ii, dd); };
-      kt[f] = make_uint4(pack_h2(kd(i, d), kd(i, d + 8)), pack_h2(kd(i + 4, d), kd(i + 4, d + 8)),
-                         pack_h2(kd(i + 8, d), kd(i + 8, d + 8)), pack_h2(kd(i + 12, d), kd(i + 12, d + 8)));
+    float* Bk = sm + R1;
+    for (int e = te; e < C * DK; e += NE) {
+      const int i = e >> 7, d = e & 127;
+      Bk[i * LDB + d] = beta[i] * __expf(G[i * LDR + d]) * ch.k(i, d);
     }
   }
-  float* Bk = sm + R1;
-  for (int e = tid; e < C * DK; e += NT) {
-    const int i = e >> 7, d = e & 127;
-    Bk[i * LDB + d] = beta[i] * __expf(G[i * LDR + d]) * ch.k(i, d);
-  }
-  invert(sm);  // starts with the substitution (reads L only), ends with a barrier: T, Bk ready
+  __syncthreads();
+  invert_off(sm);  // ends with a barrier: T ready
+  const float* Bk = sm + R1;
   // T fragments (lower triangular: pairs p <= mt).
   const float* T = sm + R3;
   for (int f = tid; f < 512; f += NT) {
