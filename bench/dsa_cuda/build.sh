@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# bench/dsa_cuda/build.sh [OUT_DIR]: builds bench_dsa (the DSA kernels, their references, ops/mla_decode*
+# for the sparse MLA, and the bench driver) with nvcc for sm_90a, standalone (no CMake), one object per
+# source rebuilt only when the source is newer; default OUT_DIR = build-dsa/bench.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+out=${1:-$here/build-dsa/bench}
+mkdir -p "$out/obj"
+srcs=("$here/bench/dsa_cuda/bench_dsa.cu" "$here"/src/ops/dsa_*.c* "$here"/src/ops/mla_sparse_*.c*
+      "$here"/src/ops/mla_decode*.cu "$here/src/ops/mla_decode_ref.cpp" "$here/src/core/dtype.cpp")
+objs=()
+for s in "${srcs[@]}"; do
+  o="$out/obj/$(basename "$s").o"
+  objs+=("$o")
+  if [ ! -e "$o" ] || [ "$s" -nt "$o" ] || [ "$here/src/ops/dsa_index.h" -nt "$o" ]; then
+    nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -lineinfo --expt-relaxed-constexpr \
+      -I"$here/src" -I"$here/include" -x cu -c "$s" -o "$o" 2>&1 | grep -E "error|warning" || true
+    test -e "$o" || { echo "compile failed: $s"; exit 1; }
+  fi
+done
+nvcc -gencode=arch=compute_90a,code=sm_90a -o "$out/bench_dsa" "${objs[@]}" -lcuda
+test -x "$out/bench_dsa"
+echo "built $out/bench_dsa"
