@@ -9,8 +9,14 @@
 // (bf16 weights, Precision::bf16 input, a CPU with AVX512_BF16) first copies x to bf16 in a thread-local
 // scratch buffer that only grows (no allocation per call once warm). Subnormal fp32/bf16 weights are
 // exact but slow on the fp32 path (FMA assists); checkpoints have almost none.
+//
+// Diagnostic switch (never on by default): K3_LINEAR_X_BF16=1 in the environment, read once, makes every
+// bf16-weight linear round its fp32 input to bf16 first (round to nearest even), as ggml's bf16 matmul does
+// (its vec_dot_type for bf16 is bf16: src1 is converted before the dot products). Used to explain the logits
+// gap against llama.cpp (docs/decisions.md); it breaks fp32 mode's exactness on purpose.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -149,6 +155,14 @@ using namespace linear_detail;
 
 namespace {
 constexpr int64_t kChunkTiles = 64;  // row tiles per chunk of the dynamic split, at most
+
+bool diag_round_x_bf16() {
+  static const bool on = [] {
+    const char* v = std::getenv("K3_LINEAR_X_BF16");
+    return v && v[0] == '1';
+  }();
+  return on;
+}
 }  // namespace
 
 void linear_cpu(const LinearWeight& W, const LinearParams& p, ThreadPool* pool) {
@@ -168,9 +182,11 @@ void linear_cpu(const LinearWeight& W, const LinearParams& p, ThreadPool* pool) 
   const CpuLevel level = cpu_level();
   void (*rows)(const Job&, int64_t, int64_t) = rows_portable;
   if (level >= CpuLevel::avx512) rows = rows_avx512;
-  const bool bf16_dot = W.dtype == DType::bf16 && !W.is_mxfp4() && p.x_precision == Precision::bf16;
+  const bool bf16_dot = W.dtype == DType::bf16 && !W.is_mxfp4() &&
+                        (p.x_precision == Precision::bf16 || diag_round_x_bf16());
   if (level >= CpuLevel::avx512_bf16 && bf16_dot) {
-    // x is bf16-rounded, so the bf16 copy is exact. Padded to 32 columns with zeros.
+    // x is bf16-rounded, so the bf16 copy is exact (under K3_LINEAR_X_BF16 this copy is the rounding).
+    // Padded to 32 columns with zeros.
     thread_local std::vector<uint16_t> scratch;
     j.ldxb = (W.in + 31) / 32 * 32;
     if (scratch.size() < size_t(p.n_tok * j.ldxb)) scratch.resize(size_t(p.n_tok * j.ldxb));

@@ -10,6 +10,11 @@
 //   columns at a time (exact products, fp32 sums; the instruction treats subnormals as zero).
 //   MXFP4 always takes the fp32 path: a vpermw-to-bf16 + vdpbf16ps variant measured slower (CPU time,
 //   T = 1 and T = 64) than the two vpermps lookups, and the fp32 path keeps x exact anyway.
+// Every tile keeps its RB x TB accumulators in registers (the loops over r and t are fully unrolled: without
+//   that GCC 12 kept a stack copy of the accumulator array and stored all of it on every K step, which
+//   made the store port the bottleneck) and reduces four rows' accumulators at once (hsum4: the 16 lanes of
+//   each are summed in a fixed order, the same for a one-row tile, so a row's value does not depend on the
+//   tile it fell in).
 #include <immintrin.h>
 
 #include "core/status.h"
@@ -79,6 +84,33 @@ inline __m512 e2m1_lut() {
 
 inline __m512 scale_of(const uint8_t* s) { return _mm512_castsi512_ps(_mm512_set1_epi32(int(e8m0_bits(*s)))); }
 
+// Lane sums of a, b, c, d as {sum a, sum b, sum c, sum d}: within each 128-bit lane (x0 + x2) + (x1 + x3),
+// then lanes (L0 + L2) + (L1 + L3).
+inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512d abd = _mm512_castps_pd(ab), cdd = _mm512_castps_pd(cd);
+  const __m512 s = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(abd, cdd)),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(abd, cdd)));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// Stores the RB x TB accumulators: y[t0 + t, r0 + r] = lane sum of acc[r][t] (RB is 4 or 1).
+template <int RB, int TB>
+inline void store_tile(const Job& j, int64_t r0, int64_t t0, const __m512 (&acc)[RB][TB]) {
+#pragma GCC unroll 8
+  for (int t = 0; t < TB; ++t) {
+    float* y = j.y + (t0 + t) * j.ldy + r0;
+    if constexpr (RB == 4) {
+      _mm_storeu_ps(y, hsum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+    } else {
+#pragma GCC unroll 8
+      for (int r = 0; r < RB; ++r) y[r] = _mm_cvtss_f32(hsum4(acc[r][t], acc[r][t], acc[r][t], acc[r][t]));
+    }
+  }
+}
+
 template <class Dec>
 struct Dense {
   template <int RB, int TB>
@@ -87,32 +119,41 @@ struct Dense {
       const LinearWeight& W = *j.W;
       const size_t esz = dtype_size(W.dtype);
       const char* wrow[RB];
+#pragma GCC unroll 8
       for (int r = 0; r < RB; ++r) wrow[r] = static_cast<const char*>(W.w) + (r0 + r) * W.in * esz;
       __m512 acc[RB][TB];
+#pragma GCC unroll 8
       for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 8
         for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_setzero_ps();
       const float* xrow[TB];
+#pragma GCC unroll 8
       for (int t = 0; t < TB; ++t) xrow[t] = j.x + (t0 + t) * j.ldx;
       int64_t i = 0;
       for (; i + 16 <= W.in; i += 16) {
         __m512 xv[TB];
+#pragma GCC unroll 8
         for (int t = 0; t < TB; ++t) xv[t] = _mm512_loadu_ps(xrow[t] + i);
+#pragma GCC unroll 8
         for (int r = 0; r < RB; ++r) {
           const __m512 w = Dec::load(wrow[r], i, __mmask16(0xffff));
+#pragma GCC unroll 8
           for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_fmadd_ps(w, xv[t], acc[r][t]);
         }
       }
       if (i < W.in) {  // masked tail: the loads touch nothing past the row
         const __mmask16 m = tail_mask16(W.in - i);
         __m512 xv[TB];
+#pragma GCC unroll 8
         for (int t = 0; t < TB; ++t) xv[t] = _mm512_maskz_loadu_ps(m, xrow[t] + i);
+#pragma GCC unroll 8
         for (int r = 0; r < RB; ++r) {
           const __m512 w = Dec::load(wrow[r], i, m);
+#pragma GCC unroll 8
           for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_fmadd_ps(w, xv[t], acc[r][t]);
         }
       }
-      for (int t = 0; t < TB; ++t)
-        for (int r = 0; r < RB; ++r) j.y[(t0 + t) * j.ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+      store_tile<RB, TB>(j, r0, t0, acc);
     }
   };
 };
@@ -129,16 +170,20 @@ struct Mxfp4Tile {
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     __m512 acc[RB][TB];
+#pragma GCC unroll 8
     for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 8
       for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_setzero_ps();
     for (int64_t g = 0; g < n_group; ++g) {
       __m512 xe[TB], xo[TB];
+#pragma GCC unroll 8
       for (int t = 0; t < TB; ++t) {
         const __m512 x0 = _mm512_loadu_ps(j.x + (t0 + t) * j.ldx + 32 * g);
         const __m512 x1 = _mm512_loadu_ps(j.x + (t0 + t) * j.ldx + 32 * g + 16);
         xe[t] = _mm512_permutex2var_ps(x0, even, x1);
         xo[t] = _mm512_permutex2var_ps(x0, odd, x1);
       }
+#pragma GCC unroll 8
       for (int r = 0; r < RB; ++r) {
         const __m128i b = _mm_loadu_si128(
             reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(W.w) + (r0 + r) * (W.in / 2) + 16 * g));
@@ -146,14 +191,14 @@ struct Mxfp4Tile {
         const __m512 we = _mm512_permutexvar_ps(z, lut);
         const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(z, 4), lut);
         const __m512 s = scale_of(W.scale + (r0 + r) * n_group + g);
+#pragma GCC unroll 8
         for (int t = 0; t < TB; ++t) {
           const __m512 part = _mm512_fmadd_ps(wo, xo[t], _mm512_mul_ps(we, xe[t]));
           acc[r][t] = _mm512_fmadd_ps(part, s, acc[r][t]);
         }
       }
     }
-    for (int t = 0; t < TB; ++t)
-      for (int r = 0; r < RB; ++r) j.y[(t0 + t) * j.ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+    store_tile<RB, TB>(j, r0, t0, acc);
   }
 };
 
@@ -168,21 +213,28 @@ struct Bf16Tile {
   static void run(const Job& j, int64_t r0, int64_t t0) {
     const LinearWeight& W = *j.W;
     const uint16_t* wrow[RB];
+#pragma GCC unroll 8
     for (int r = 0; r < RB; ++r) wrow[r] = static_cast<const uint16_t*>(W.w) + (r0 + r) * W.in;
     __m512 acc[RB][TB];
+#pragma GCC unroll 8
     for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 8
       for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < W.in; i += 32) {
-      const __mmask32 m = W.in - i >= 32 ? __mmask32(0xffffffffu) : __mmask32((1u << (W.in - i)) - 1);
+    const auto step = [&](int64_t i, __mmask32 m) {
       __m512i xv[TB];
+#pragma GCC unroll 8
       for (int t = 0; t < TB; ++t) xv[t] = _mm512_loadu_si512(j.xb + (t0 + t) * j.ldxb + i);
+#pragma GCC unroll 8
       for (int r = 0; r < RB; ++r) {
         const __m512i w = _mm512_maskz_loadu_epi16(m, wrow[r] + i);
+#pragma GCC unroll 8
         for (int t = 0; t < TB; ++t) acc[r][t] = dot_bf16(acc[r][t], w, xv[t]);
       }
-    }
-    for (int t = 0; t < TB; ++t)
-      for (int r = 0; r < RB; ++r) j.y[(t0 + t) * j.ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+    };
+    int64_t i = 0;
+    for (; i + 32 <= W.in; i += 32) step(i, __mmask32(0xffffffffu));
+    if (i < W.in) step(i, __mmask32((1u << (W.in - i)) - 1));  // x is zero-padded; W is masked
+    store_tile<RB, TB>(j, r0, t0, acc);
   }
 };
 
