@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "model/binder.h"
@@ -86,12 +87,20 @@ void walk_mla(Uploader& u, const MlaWeights& h, MlaWeightsGpu* d) {
   }
 }
 
-// MoE re-layout for the fused kernels (ops/moe_route.h, ops/moe_experts.h): a bf16 router and latent
-// down-projection with the same input width go into one [n_expert + d_latent, D] matrix (gate and
-// latent_down are views of its two row ranges, so nothing is stored twice); MXFP4 experts keep their
-// checkpoint layout and get a device table of per-expert pointers.
+// MoE re-layout for the fused kernels (ops/moe_route.h, ops/moe_experts.h). Opt-in: only with K3_MOE_FAST=1
+// in the environment at load time, until those kernels have run on a GPU; without it the upload is the
+// validated one (separate gate / latent_down, no table) and moe_gpu.cu keeps its validated path. With it, a
+// bf16 router and latent down-projection with the same input width go into one [n_expert + d_latent, D]
+// matrix (gate and latent_down are views of its two row ranges, so nothing is stored twice), and MXFP4
+// experts keep their checkpoint layout and get a device table of per-expert pointers.
+bool moe_fast_requested() {
+  const char* v = std::getenv("K3_MOE_FAST");
+  return v && v[0] == '1';
+}
+
 void walk_moe(Uploader& u, const MoeWeights& h, MoeWeightsGpu* d) {
-  const bool fuse = h.gate.w && h.latent_down.w && !h.gate.is_mxfp4() && !h.latent_down.is_mxfp4() &&
+  const bool fast = moe_fast_requested();
+  const bool fuse = fast && h.gate.w && h.latent_down.w && !h.gate.is_mxfp4() && !h.latent_down.is_mxfp4() &&
                     h.gate.dtype == DType::bf16 && h.latent_down.dtype == DType::bf16 && h.gate.in == h.latent_down.in;
   if (fuse) {
     const size_t gb = size_t(h.gate.out * h.gate.in) * 2, lb = size_t(h.latent_down.out * h.latent_down.in) * 2;
@@ -115,7 +124,7 @@ void walk_moe(Uploader& u, const MoeWeights& h, MoeWeightsGpu* d) {
     d->experts.push_back(u.ffn(e));
     all_mxfp4 = all_mxfp4 && e.gate_proj.is_mxfp4() && e.up_proj.is_mxfp4() && e.down_proj.is_mxfp4();
   }
-  if (all_mxfp4) {
+  if (fast && all_mxfp4) {
     std::vector<MoeExpertPtrs> table;
     for (const FfnWeights& e : d->experts)
       table.push_back({static_cast<const uint8_t*>(e.gate_proj.w), e.gate_proj.scale,

@@ -54,10 +54,11 @@ struct MlaWeightsGpu {
 
 struct MoeWeightsGpu {
   LinearWeight gate;                // [n_expert, D]
-  // K3 bf16 router and latent down-projection stored as one matrix (gate / latent_down are views of it):
-  // one GEMM reads x once for both. Absent (w null) when the dtypes differ.
+  // Only with K3_MOE_FAST=1 at load (the fused kernels, not yet run on a GPU; weights_gpu.cu walk_moe):
+  // the K3 bf16 router and latent down-projection stored as one matrix (gate / latent_down are views of it),
+  // one GEMM reads x once for both; absent (w null) when the dtypes differ or the switch is off.
   LinearWeight gate_down;           // [n_expert + d_latent, D]
-  const MoeExpertPtrs* expert_table = nullptr;  // [n_expert] device pointers, when every expert is MXFP4
+  const MoeExpertPtrs* expert_table = nullptr;  // [n_expert] device pointers: every expert MXFP4 and the switch on
   const float* bias = nullptr;      // [n_expert]
   std::vector<FfnWeights> experts;  // device views, [n_expert]
   FfnWeights shared;

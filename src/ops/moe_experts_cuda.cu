@@ -224,7 +224,7 @@ __device__ __forceinline__ float e2m1_mag(uint32_t em) {  // {0, .5, 1, 1.5, 2, 
 }
 
 template <bool DUAL, int BT, bool REP>
-__global__ void __launch_bounds__(kWarps * 32) experts_gemm_kernel(GemmArgs a) {
+__global__ void __launch_bounds__(kWarps * 32, BT <= 8 ? 3 : 1) experts_gemm_kernel(GemmArgs a) {
   constexpr int NF = BT / 8;  // token fragments
   extern __shared__ uint4 dyn_smem[];
   uint4(*xs)[BT * kXUnits] = reinterpret_cast<uint4(*)[BT * kXUnits]>(dyn_smem);  // [2][BT * kXUnits]
@@ -265,11 +265,11 @@ __global__ void __launch_bounds__(kWarps * 32) experts_gemm_kernel(GemmArgs a) {
   __syncthreads();
 
   auto stage = [&](int buf, int c0) {  // X rows, chunk [c0, c0 + 128), permuted 16-byte units
-    for (int i = tid; i < BT * 16; i += kWarps * 32) {
-      const int r = i >> 4, u = i & 15;  // u = q * 4 + s'
+    for (int i = tid; i < n_r * 16; i += kWarps * 32) {  // rows past n_r only feed token columns never stored
+      const int r = i >> 4, u = i & 15;                    // u = q * 4 + s'
       const int col = c0 + u * 8;
       const int src = src_row[r];
-      const bool ok = src >= 0 && col < a.K;
+      const bool ok = col < a.K;
       const __nv_bfloat16* gp = a.x + (ok ? size_t(src) * a.K + col : 0);
       cp_async16(&xs[buf][r * kXUnits + (u & 3) * 4 + (u >> 2)], gp, ok);
     }
@@ -310,6 +310,7 @@ __global__ void __launch_bounds__(kWarps * 32) experts_gemm_kernel(GemmArgs a) {
       frag_a<REP>(wb, 2 * sp + 1, lut, fb1);
 #pragma unroll
       for (int f = 0; f < NF; ++f) {
+        if (f * 8 >= n_r) break;  // block-uniform: a partial tile runs only its 8-row fragments
         const uint4 xv = xs[buf][(f * 8 + n_l) * kXUnits + sp * 4 + q];
         mma_bf16(accA[f], fa0, xv.x, xv.y);
         mma_bf16(accA[f], fa1, xv.z, xv.w);
