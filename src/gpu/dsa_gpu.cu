@@ -5,15 +5,21 @@
 //   I[t, s] = (Hi Di)^-1/2 sum_h a_{t,h} relu(q^I_{t,h} . k^I_s)     s <= t, fp32
 //   S_t = every s <= t when t (1-based) <= topk; else the topk largest I[t, s], ties -> lower s, ascending
 //
-// Selection without sorting: s is selected iff fewer than topk positions beat it (larger score, or equal
-// score at a lower position) — exactly the CPU's partial_sort order; then the selected positions are
-// compacted in ascending order with a block scan. The rank count is O(n_vis^2) per query: correct for any
-// length, fast enough for tests and short contexts; a radix select is the known next step for 128k contexts.
+// bf16 mode (index head dim a multiple of 16, <= 128; <= 64 index heads): the ops of ops/dsa_index.h and
+// ops/dsa_topk.h. The fp32 index keys of the state (bf16 values in this mode) are stored as bf16 pages
+// (dsa_key_store_cuda, exact), scored on tensor cores (q^I and a are bf16 already: the linears round their
+// outputs in this mode, on the CPU too), and the exact radix top-k picks the same set as the CPU's
+// partial_sort of the same scores; the scores differ from the CPU's only by fp32 summation order.
+// fp32 mode keeps the generic path: selection without sorting, s is selected iff fewer than topk positions
+// beat it (larger score, or equal score at a lower position), then the selected positions are compacted in
+// ascending order with a block scan (O(n_vis^2) per query; exact fp32 sums in the CPU's order).
 #include <cub/block/block_scan.cuh>
 
 #include <cmath>
 
 #include "gpu/blocks_gpu.cuh"
+#include "ops/dsa_index.h"
+#include "ops/dsa_topk.h"
 #include "ops/layer_norm.h"
 
 namespace k3::gpu {
@@ -108,6 +114,43 @@ Status trace_sel(const GpuCtx& c, int layer, const int32_t* sel, int64_t n_past,
   return ok_status();
 }
 
+__global__ void iota_kernel(int32_t* x, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = int32_t(i);
+}
+
+// bf16 mode: index keys -> bf16 pages, tensor-core scores, radix top-k (see the file comment).
+Status select_bf16(const GpuCtx& c, int Hi, int Di, int64_t topk, const float* qI, const float* a,
+                   const float* index_k, int64_t n_past, int64_t n_tok, DevBuf* sel) {
+  constexpr int P = 64;
+  const int64_t n_ctx = n_past + n_tok, n_pages = (n_ctx + P - 1) / P;
+  DevBuf pages, table, I;
+  K3_RETURN_IF_ERROR(pages.alloc_bytes(c, dsa_key_page_bytes(DsaKeyFormat::bf16, P, Di) * size_t(n_pages)));
+  K3_RETURN_IF_ERROR(table.alloc_bytes(c, size_t(n_pages) * 4));
+  K3_RETURN_IF_ERROR(I.alloc(c, n_tok * n_ctx));
+  K3_RETURN_IF_ERROR(sel->alloc_bytes(c, size_t(n_tok * topk) * 4));
+  iota_kernel<<<blocks_for(n_pages), kThreads, 0, c.stream()>>>(table.as<int32_t>(), n_pages);
+  DsaKeyCache kc;
+  kc.fmt = DsaKeyFormat::bf16, kc.d_head = Di, kc.page_size = P, kc.max_pages = int(n_pages);
+  kc.n_pages = n_pages, kc.pages = pages.as<void>(), kc.block_table = table.as<int32_t>();
+  DsaKeyStoreParams st;
+  st.cache = kc, st.n_tok = int(n_ctx), st.k = index_k, st.pos0 = 0;
+  K3_RETURN_IF_ERROR(dsa_key_store_check(st));
+  dsa_key_store_cuda(st, *c.g);
+  DsaIndexParams ip;
+  ip.cache = kc, ip.n_head = Hi, ip.n_q = int(n_tok), ip.n_past = n_past, ip.max_ctx = n_ctx;
+  ip.q = qI, ip.w = a, ip.scale = 1.f / std::sqrt(float(Hi * Di)), ip.q_exact = false;
+  ip.score = I.f(), ip.ld = n_ctx;
+  K3_RETURN_IF_ERROR(dsa_index_check(ip));
+  dsa_index_cuda(ip, *c.g);
+  DsaTopkParams tp;
+  tp.n_row = int(n_tok), tp.topk = int(topk), tp.ld = n_ctx, tp.score = I.f(), tp.len0 = n_past + 1;
+  tp.max_len = n_ctx, tp.sel = sel->as<int32_t>();
+  K3_RETURN_IF_ERROR(dsa_topk_check(tp));
+  dsa_topk_cuda(tp, *c.g);
+  return ok_status();
+}
+
 }  // namespace
 
 Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsGpu& w, const float* cq,
@@ -132,11 +175,17 @@ Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsG
   DevBuf qI, a, I, flag;
   K3_RETURN_IF_ERROR(qI.alloc(c, n_tok * Hi * Di));
   K3_RETURN_IF_ERROR(a.alloc(c, n_tok * Hi));
+  linear(c, w.wq_b, cq, n_tok, qI.f());
+  linear(c, w.weights_proj, x, n_tok, a.f());
+  if (c.bf16() && Di % 16 == 0 && Di <= 128 && Hi >= 1 && Hi <= 64) {
+    K3_RETURN_IF_ERROR(select_bf16(c, Hi, Di, topk, qI.f(), a.f(), st->index_k, n_past, n_tok, sel));
+    *sparse = true;
+    K3_RETURN_IF_ERROR(trace_sel(c, layer, sel->as<int32_t>(), n_past, n_tok, topk));
+    return launch_status("dsa select (bf16)");
+  }
   K3_RETURN_IF_ERROR(I.alloc(c, n_tok * n_ctx));
   K3_RETURN_IF_ERROR(flag.alloc_bytes(c, size_t(n_tok * n_ctx)));
   K3_RETURN_IF_ERROR(sel->alloc_bytes(c, size_t(n_tok * topk) * 4));
-  linear(c, w.wq_b, cq, n_tok, qI.f());
-  linear(c, w.weights_proj, x, n_tok, a.f());
   const float scale = 1.f / std::sqrt(float(Hi * Di));
   index_score_kernel<<<blocks_for(n_tok * n_ctx), kThreads, 0, c.stream()>>>(
       I.f(), qI.f(), a.f(), st->index_k, n_tok, n_past, n_ctx, Hi, Di, scale);

@@ -5,7 +5,7 @@
 // [-1, 1] in f16, the scale folded into w). mma m16n8k16: A = 16 keys x 16 dims from shared memory, B = the
 // query's q^T fragments held in registers, C = scores [16 keys x 8 heads]; the epilogue forms
 // sum_h w_h relu(c) per key (per-lane sum over its 2 heads of each tile, shuffles over the 4 lanes of a row).
-// Instantiated for (Di, Hi) = (128, 25..32) (K3.1) and (16, 1..8) (tiny-k31); other shapes run
+// Instantiated for (Di, Hi) = (128, 25..32) (K3.1: bf16, exact, fp8) and (16, 1..8) (tiny-k31: bf16); other shapes run
 // index_simple_kernel (CUDA cores, one thread per score, the same contract).
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -342,7 +342,7 @@ void dsa_index_cuda(const DsaIndexParams& p, GpuContext& g) {
     if (p.q_exact) return launch<8, 4, kExact>(p, g);
     return launch<8, 4, kBf16>(p, g);
   }
-  if (Di == 16 && H <= 8 && p.q_exact) return launch<1, 1, kExact>(p, g);
+  if (Di == 16 && H <= 8 && !f8 && !p.q_exact) return launch<1, 1, kBf16>(p, g);
   index_simple_kernel<<<dim3(unsigned((p.max_ctx + 127) / 128), unsigned(p.n_q)), 128, 0, g.stream>>>(p);
   K3_CUDA_LAUNCH_CHECK();
 }

@@ -331,8 +331,9 @@ K3_OP_CASES(dsa_cases) {
   }
   add_index(cases, DsaKeyFormat::bf16, 32, 128, 64, true, {1, 77, 3001});
   add_index(cases, DsaKeyFormat::bf16, 32, 128, 64, true, {}, 0, 130);
-  add_index(cases, DsaKeyFormat::bf16, 2, 16, 16, true, {}, 9, 23);  // tiny-k31
-  add_index(cases, DsaKeyFormat::bf16, 2, 16, 16, true, {30, 5});
+  add_index(cases, DsaKeyFormat::bf16, 2, 16, 16, false, {}, 9, 23);  // tiny-k31 (tensor cores)
+  add_index(cases, DsaKeyFormat::bf16, 2, 16, 16, false, {30, 5});
+  add_index(cases, DsaKeyFormat::bf16, 2, 16, 16, true, {30, 5});  // CUDA-core fallback
   add_index(cases, DsaKeyFormat::bf16, 16, 64, 32, false, {1, 500});  // CUDA-core fallback
   add_index(cases, DsaKeyFormat::fp8, 16, 64, 32, false, {}, 3, 40);
   // top-k: decode rows around topk, ties, prefill rows, clusters, a 1M row
