@@ -70,6 +70,9 @@ size_t moe_experts_scratch_bytes(const MoeExpertsParams& p);
 
 // Plain reference: weights decoded exactly, fp64 dot products, the rounding points above.
 void moe_experts_ref(const MoeExpertsParams& p);
+// CPU: the CUDA kernels' algorithm on the host (sort, tiles, permuted k, table decode; moe_experts_layout.h),
+// single-threaded; it checks those rules without a GPU (the model's CPU path is model/moe.cpp).
+void moe_experts_cpu(const MoeExpertsParams& p);
 // CUDA (core/gpu.h): device pointers (the experts table too), same contract.
 void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g);
 

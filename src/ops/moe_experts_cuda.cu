@@ -20,6 +20,7 @@
 
 #include "ops/cuda_util.cuh"
 #include "ops/moe_experts.h"
+#include "ops/moe_experts_layout.h"
 
 namespace k3 {
 
@@ -27,7 +28,8 @@ namespace {
 
 using namespace cuda_ops;
 
-constexpr int kWarps = 8, kChunk = 128;  // K columns per chunk: 4 lanes x 32
+using moe::kChunk;
+constexpr int kWarps = 8;
 constexpr int kSortThreads = 1024;
 constexpr int kXUnits = kChunk / 8 + 4;  // 16-byte units per staged X row (+4 padding: conflict-free loads)
 
@@ -186,11 +188,6 @@ struct WRaw {
   uint32_t s0, s1;  // bf16x2 scale 2^(e - 127) in both halves
 };
 
-__device__ __forceinline__ uint32_t scale_bf16x2(uint8_t e) {
-  const uint32_t h = e ? uint32_t(e) << 7 : 0x0040u;  // 2^(e-127); e = 0: the subnormal 2^-127
-  return h | (h << 16);
-}
-
 __device__ __forceinline__ void load_w(WRaw& w, const uint8_t* wp, const uint8_t* sp, int K, int n_out, int row0,
                                        int col, bool col_ok) {
   const int lane = threadIdx.x & 31, g = lane >> 2;
@@ -198,8 +195,8 @@ __device__ __forceinline__ void load_w(WRaw& w, const uint8_t* wp, const uint8_t
   const bool oa = col_ok && ra < n_out, ob = col_ok && rb < n_out;
   w.r0 = oa ? __ldg(reinterpret_cast<const uint4*>(wp + size_t(ra) * (K / 2) + col / 2)) : make_uint4(0, 0, 0, 0);
   w.r1 = ob ? __ldg(reinterpret_cast<const uint4*>(wp + size_t(rb) * (K / 2) + col / 2)) : make_uint4(0, 0, 0, 0);
-  w.s0 = scale_bf16x2(oa ? __ldg(sp + size_t(ra) * (K / 32) + col / 32) : 127);
-  w.s1 = scale_bf16x2(ob ? __ldg(sp + size_t(rb) * (K / 32) + col / 32) : 127);
+  w.s0 = moe::e8m0_bf16x2(oa ? __ldg(sp + size_t(ra) * (K / 32) + col / 32) : 127);
+  w.s1 = moe::e8m0_bf16x2(ob ? __ldg(sp + size_t(rb) * (K / 32) + col / 32) : 127);
 }
 
 // A fragment of k16 step s (0..7): bytes 2s, 2s+1 of rows g (a0, a2) and g + 8 (a1, a3).
@@ -211,16 +208,12 @@ __device__ __forceinline__ uint32_t lut_at(const uint32_t* lut, uint32_t b) {
 }
 template <bool REP>
 __device__ __forceinline__ void frag_a(const WRaw& w, int s, const uint32_t* lut, uint32_t* a) {
-  const uint32_t w0 = (&w.r0.x)[s >> 1], w1 = (&w.r1.x)[s >> 1];
-  const int sh = (s & 1) * 16;
-  a[0] = bf16x2_mul(lut_at<REP>(lut, (w0 >> sh) & 0xff), w.s0);
-  a[2] = bf16x2_mul(lut_at<REP>(lut, (w0 >> (sh + 8)) & 0xff), w.s0);
-  a[1] = bf16x2_mul(lut_at<REP>(lut, (w1 >> sh) & 0xff), w.s1);
-  a[3] = bf16x2_mul(lut_at<REP>(lut, (w1 >> (sh + 8)) & 0xff), w.s1);
-}
-
-__device__ __forceinline__ float e2m1_mag(uint32_t em) {  // {0, .5, 1, 1.5, 2, 3, 4, 6}[em], exact
-  return em >= 2 ? __uint_as_float((((em >> 1) + 126u) << 23) | ((em & 1u) << 22)) : em ? 0.5f : 0.f;
+  const uint32_t* r0 = &w.r0.x;
+  const uint32_t* r1 = &w.r1.x;
+  a[0] = bf16x2_mul(lut_at<REP>(lut, moe::a_byte(r0, s, 0)), w.s0);
+  a[2] = bf16x2_mul(lut_at<REP>(lut, moe::a_byte(r0, s, 1)), w.s0);
+  a[1] = bf16x2_mul(lut_at<REP>(lut, moe::a_byte(r1, s, 0)), w.s1);
+  a[3] = bf16x2_mul(lut_at<REP>(lut, moe::a_byte(r1, s, 1)), w.s1);
 }
 
 template <bool DUAL, int BT, bool REP>
@@ -232,21 +225,11 @@ __global__ void __launch_bounds__(kWarps * 32, BT <= 8 ? 3 : 1) experts_gemm_ker
   __shared__ int src_row[BT];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // byte (2 e2m1, low nibble first) -> bf16x2; REP: entry b of lane l at b * 32 + l (conflict-free writes too)
-  for (int i = tid; i < (REP ? 256 * 32 : 256); i += kWarps * 32) {
-    const int b = REP ? i >> 5 : i;
-    const float lo = e2m1_mag(b & 7) * ((b & 8) ? -1.f : 1.f), hi = e2m1_mag((b >> 4) & 7) * ((b & 128) ? -1.f : 1.f);
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    lut[i] = *reinterpret_cast<const uint32_t*>(&v);
-  }
+  for (int i = tid; i < (REP ? 256 * 32 : 256); i += kWarps * 32) lut[i] = moe::e2m1x2_bf16x2(REP ? i >> 5 : i);
   // which expert and which rows
   const int tile = blockIdx.x;
   if (tile >= a.tile_start[a.E]) return;
-  int lo = 0, hi = a.E;  // last e with tile_start[e] <= tile
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (a.tile_start[mid] <= tile) lo = mid; else hi = mid;
-  }
-  const int e = lo;
+  const int e = moe::tile_expert(a.tile_start, a.E, tile);
   const int r0 = a.offsets[e] + (tile - a.tile_start[e]) * BT;
   const int n_r = min(BT, a.offsets[e + 1] - r0);
   if (tid < BT) {
@@ -271,7 +254,7 @@ __global__ void __launch_bounds__(kWarps * 32, BT <= 8 ? 3 : 1) experts_gemm_ker
       const int src = src_row[r];
       const bool ok = col < a.K;
       const __nv_bfloat16* gp = a.x + (ok ? size_t(src) * a.K + col : 0);
-      cp_async16(&xs[buf][r * kXUnits + (u & 3) * 4 + (u >> 2)], gp, ok);
+      cp_async16(&xs[buf][r * kXUnits + moe::x_slot(u)], gp, ok);
     }
     cp_async_commit();
   };
@@ -311,7 +294,7 @@ __global__ void __launch_bounds__(kWarps * 32, BT <= 8 ? 3 : 1) experts_gemm_ker
 #pragma unroll
       for (int f = 0; f < NF; ++f) {
         if (f * 8 >= n_r) break;  // block-uniform: a partial tile runs only its 8-row fragments
-        const uint4 xv = xs[buf][(f * 8 + n_l) * kXUnits + sp * 4 + q];
+        const uint4 xv = xs[buf][(f * 8 + n_l) * kXUnits + moe::b_slot(sp, q)];
         mma_bf16(accA[f], fa0, xv.x, xv.y);
         mma_bf16(accA[f], fa1, xv.z, xv.w);
         mma_bf16(accB[f], fb0, xv.x, xv.y);
@@ -401,9 +384,9 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
   else
 #endif
   if (decode)
-    run_path<8>(p, s, n_rows, g);
+    run_path<moe::kDecodeTile>(p, s, n_rows, g);
   else
-    run_path<64>(p, s, n_rows, g);
+    run_path<moe::kPrefillTile>(p, s, n_rows, g);
   combine_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(s.o, p.wt, p.n_tok, p.k, p.d_in,
                                                                                   p.y, p.ldy ? p.ldy : p.d_in);
   K3_CUDA_LAUNCH_CHECK();

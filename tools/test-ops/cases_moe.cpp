@@ -1,6 +1,7 @@
 // cases_moe.cpp: test-ops cases for the MoE router selection (ops/moe_route.h) and the routed MXFP4 experts
-// (ops/moe_experts.h). Backends: ref and cuda (the CPU model runs the experts through ffn / linear, which
-// have their own cases).
+// (ops/moe_experts.h). Backends: ref, cpu (moe_route: the CPU model's model/moe.cpp moe_route on the
+// sigmoid scores; moe_experts: moe_experts_cpu, the CUDA kernels' algorithm and layout rules run on the host)
+// and cuda.
 //
 // moe_route: logits N(0, 2) in a wider row (ld > n_expert), small biases, copied logits so ties happen;
 //   ids must be equal, weights within 1e-10. Shapes: K3 (896 / 16), KL (256 / 8), k3-tiny (56 / 8), k > 32.
@@ -16,17 +17,15 @@
 
 #include "core/dtype.h"
 #include "harness.h"
+#include "k3/config.h"
+#include "model/common.h"
+#include "model/moe.h"
 #include "ops/moe_experts.h"
 #include "ops/moe_route.h"
 
 namespace k3::opt {
 namespace {
 
-class RefCudaCase : public FnCase {
- public:
-  using FnCase::FnCase;
-  bool supports(Backend b) const override { return b == Backend::ref || (b == Backend::cuda && kCudaBuilt); }
-};
 
 struct RouteState {
   int64_t n_tok = 0, ld = 0;
@@ -40,7 +39,7 @@ void add_route(CaseList& cases, int64_t n_tok, int E, int k, bool renorm) {
   st->n_tok = n_tok, st->E = E, st->k = k, st->ld = E + 5, st->renorm = renorm;
   const std::string shape = "n_tok=" + std::to_string(n_tok) + " n_expert=" + std::to_string(E) +
                             " k=" + std::to_string(k) + (renorm ? "" : " no-renorm");
-  cases.push_back(std::make_unique<RefCudaCase>(
+  cases.push_back(std::make_unique<FnCase>(
       "moe_route", shape, 1e-10,
       [st](Rng& rng) {
         st->logits.resize(size_t(st->n_tok * st->ld));
@@ -59,6 +58,17 @@ void add_route(CaseList& cases, int64_t n_tok, int E, int k, bool renorm) {
           p.logits = st->logits.data(), p.bias = st->bias.data();
           p.sel = ctx.out_i32(0, st->n_tok * st->k), p.wt = ctx.out_f32(1, st->n_tok * st->k);
           moe_route_ref(p);
+        } else if (b == Backend::cpu) {  // the CPU model's routing
+          ModelConfig cfg;
+          cfg.moe.n_expert = st->E, cfg.moe.n_expert_used = st->k;
+          cfg.moe.renormalize = st->renorm, cfg.moe.routed_scaling_factor = p.scaling;
+          int32_t* sel = ctx.out_i32(0, st->n_tok * st->k);
+          float* wt = ctx.out_f32(1, st->n_tok * st->k);
+          std::vector<float> s(static_cast<size_t>(st->E));
+          for (int64_t t = 0; t < st->n_tok; ++t) {
+            for (int e = 0; e < st->E; ++e) s[size_t(e)] = sigmoidf(st->logits[size_t(t * st->ld + e)]);
+            moe_route(cfg, s.data(), st->bias.data(), sel + t * st->k, wt + t * st->k);
+          }
         } else {
 #ifdef K3_HAVE_CUDA
           p.logits = ctx.dev_in(st->logits), p.bias = ctx.dev_in(st->bias);
@@ -95,7 +105,7 @@ void add_experts(CaseList& cases, int64_t n_tok, int E, int k, int d_in, int d_f
                             " k=" + std::to_string(k) + " d_in=" + std::to_string(d_in) +
                             " d_ff=" + std::to_string(d_ff) + (path == MoePath::decode ? " decode" : " prefill") +
                             (act == MoeAct::silu ? " silu" : "");
-  cases.push_back(std::make_unique<RefCudaCase>(
+  cases.push_back(std::make_unique<FnCase>(
       "moe_experts", shape, 1e-5,
       [st](Rng& rng) {
         st->w.assign(size_t(st->E), {});
@@ -128,8 +138,14 @@ void add_experts(CaseList& cases, int64_t n_tok, int E, int k, int d_in, int d_f
           std::vector<MoeExpertPtrs> table;
           for (auto& w : st->w) table.push_back(st->ptrs(w.data()));
           p.z = st->z.data(), p.sel = st->sel.data(), p.wt = st->wt.data(), p.experts = table.data();
-          p.y = ctx.out_f32(0, n_y);  // the gaps between rows keep the harness's NaN fill in both backends
+          p.y = ctx.out_f32(0, n_y);  // the gaps between rows keep the harness's NaN fill in every backend
           moe_experts_ref(p);
+        } else if (b == Backend::cpu) {
+          std::vector<MoeExpertPtrs> table;
+          for (auto& w : st->w) table.push_back(st->ptrs(w.data()));
+          p.z = st->z.data(), p.sel = st->sel.data(), p.wt = st->wt.data(), p.experts = table.data();
+          p.y = ctx.out_f32(0, n_y);
+          moe_experts_cpu(p);
         } else {
 #ifdef K3_HAVE_CUDA
           std::vector<MoeExpertPtrs> table;

@@ -1,0 +1,65 @@
+// moe_experts_layout.h: the index and bit rules of the routed-expert kernels (moe_experts_cuda.cu), as
+// __host__ __device__ functions so the CPU backend (moe_experts_cpu.cpp) runs the very same rules and the op
+// harness can check them against the plain reference without a GPU.
+//
+// A chunk is 128 columns of the reduction (k) dimension, split in 4 groups of 32 (one E8M0 scale each):
+//   weights: lane q (= lane % 4) of a row holds group q as 16 raw bytes (4 words); for k16 step s (0..7) its
+//            A registers are the bf16 pairs of bytes 2s (a0 / a1) and 2s + 1 (a2 / a3), i.e. columns
+//            q * 32 + 4s + {0, 1} and q * 32 + 4s + {2, 3}: the k order inside the chunk is permuted, which a
+//            dot product does not see as long as the activations use the same permutation;
+//   activations: 16 units of 8 columns; unit u = q * 4 + sp (columns q * 32 + 8 sp ..) is staged in slot
+//            moe_x_slot(u) = sp * 4 + q; lane q reads slot moe_b_slot(sp, q) for the step pair (2 sp, 2 sp + 1):
+//            words 0, 1 are b0, b1 of step 2 sp and words 2, 3 those of step 2 sp + 1.
+//   Rows of one expert are tiles of BT sorted rows; tile_start[e] is the first tile of expert e.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define K3_HD __host__ __device__ __forceinline__
+#else
+#define K3_HD inline
+#endif
+
+namespace k3::moe {
+
+constexpr int kChunk = 128;  // k columns per chunk: 4 lanes x 32
+
+K3_HD int x_slot(int u) { return (u & 3) * 4 + (u >> 2); }
+K3_HD int b_slot(int sp, int q) { return sp * 4 + q; }
+
+// raw byte feeding A register pair `hi` (0: a0 / a1, 1: a2 / a3) at k16 step s, from a lane's 4 raw words
+K3_HD uint32_t a_byte(const uint32_t* raw, int s, int hi) { return (raw[s >> 1] >> ((s & 1) * 16 + hi * 8)) & 0xffu; }
+
+// {0, .5, 1, 1.5, 2, 3, 4, 6}[em] as bf16 bits (exact)
+K3_HD uint32_t e2m1_mag_bf16(uint32_t em) {
+  return em >= 2 ? ((((em >> 1) + 126u) << 7) | ((em & 1u) << 6)) : em ? 0x3f00u : 0u;
+}
+// byte of two e2m1 (low nibble first) -> bf16x2 bits (low half = low nibble)
+K3_HD uint32_t e2m1x2_bf16x2(uint32_t b) {
+  const uint32_t lo = e2m1_mag_bf16(b & 7) | ((b & 8u) << 12), hi = e2m1_mag_bf16((b >> 4) & 7) | ((b & 128u) << 8);
+  return lo | (hi << 16);
+}
+// E8M0 scale 2^(e - 127) as bf16 bits in both halves (e = 0: the subnormal 2^-127; e = 255 is rejected at load)
+K3_HD uint32_t e8m0_bf16x2(uint32_t e) {
+  const uint32_t h = e ? e << 7 : 0x0040u;
+  return h | (h << 16);
+}
+
+// the expert of a tile: the last e with tile_start[e] <= tile (tile < tile_start[E])
+K3_HD int tile_expert(const int* tile_start, int E, int tile) {
+  int lo = 0, hi = E;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (tile_start[mid] <= tile)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// tiles of at most BT rows of each expert for `decode` (n_tok <= kMoeDecodeMaxTok) and prefill
+constexpr int kDecodeTile = 8, kPrefillTile = 64;
+
+}  // namespace k3::moe
