@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # scripts/device/moe.sh: helper moe's entry in the coordinator's combined device call.
 # The routed MXFP4 experts and the router selection (ops/moe_experts.h, ops/moe_route.h): test-ops cases of
-# the CUDA backends against the references (when test-ops is packed), then bench_moe (its own checks at K3's
-# shapes, then timings against the copy bandwidth and the cuBLAS bf16 rate). Builds nothing.
+# the CUDA backends against the references (when test-ops is packed), the GPU-model tests with the opt-in
+# fused MoE path (K3_MOE_FAST=1; when k3_tests is packed), then bench_moe (its own checks at K3's shapes,
+# then timings against the copy bandwidth and the cuBLAS bf16 rate). Builds nothing.
+# Build first: bash bench/moe_cuda/build.sh; bash scripts/build.sh build-moe -DK3_TESTS=ON -DK3_CUDA=ON
+# (or cmake --build build-moe --target test-ops k3_tests).
 # Files in $OUT/moe: run.log (everything) and moe_cuda.jsonl (the bench's JSON lines).
 #
 #   here:   bash scripts/device/moe.sh --pack build-moe   (bench_moe [+ test-ops, libs] into .carry/dev/moe)
@@ -15,8 +18,10 @@ if [ "${1:-}" = "--pack" ]; then  # runs HERE
   dst=.carry/dev/moe
   rm -rf "$dst" && mkdir -p "$dst/lib"
   cp "$build/bench/bench_moe" "$dst/" && strip -s "$dst/bench_moe"
-  if [ -x "$build/test-ops" ]; then
-    cp "$build/test-ops" "$dst/" && strip -s "$dst/test-ops"
+  for bin in test-ops tests/k3_tests; do
+    [ -x "$build/$bin" ] && cp "$build/$bin" "$dst/" && strip -s "$dst/$(basename "$bin")"
+  done
+  if [ -x "$dst/test-ops" ]; then
     ldd "$dst/test-ops" 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
       grep -v -E 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libcuda|libcublas|libcudart|libpthread|libdl|librt' |
       xargs -r -I{} cp -L {} "$dst/lib/"
@@ -37,6 +42,10 @@ t0=$SECONDS
   if [ -x "$B/test-ops" ]; then
     echo "== test-ops moe (t=$((SECONDS - t0)) s)"
     timeout 15 "$B/test-ops" test -o moe -b cuda 2>&1 | tail -20
+  fi
+  if [ -x "$B/k3_tests" ]; then
+    echo "== k3_tests GpuModel with K3_MOE_FAST=1 (t=$((SECONDS - t0)) s)"
+    K3_MOE_FAST=1 timeout 20 "$B/k3_tests" --gtest_filter='*GpuModel*' 2>&1 | grep -E "OK|FAILED|PASSED|NMSE|Failure" | tail -25
   fi
   commit=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
   left=$((budget - 3 - (SECONDS - t0)))
