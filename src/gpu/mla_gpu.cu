@@ -7,16 +7,18 @@
 //   z *= sigmoid(g_proj x) (output gate);  out = o_proj z.   S_t: causal, or the DSA selection (dsa_gpu.cu)
 // W_UK / W_UV are read from an fp32 copy of kv_b_proj (exact: bf16 -> fp32) with fp32 sums, as the CPU does.
 //
-// bf16 mode with the production head dims (kv_lora_rank 512, rope 64; nope 128, v 128), dense causal: the
+// Opt-in (K3_MLA_FAST=1 in the environment; the kernels compile but have NOT YET RUN ON A GPU): bf16 mode
+// with the production head dims (kv_lora_rank 512, rope 64; nope 128, v 128), dense causal, runs the
 // tensor-core kernels on bf16 copies of their inputs (every input is bf16-exact or nearly so at this
 // precision; the kernels also round the softmax weights to bf16):
 //   absorbed:   mla_decode_cuda over the sequence's latent rows (one page table for the contiguous cache;
 //               query t of the call is a "sequence" of ctx n_past + t + 1 sharing it);
 //   unabsorbed: mla_prefill_cuda on q, kv_b_proj's [k_nope | v] rows and the latent's rope part.
-// fp32 mode, other dims and DSA-sparse calls keep the exact generic attention_cuda.
+// Default, fp32 mode, other dims and DSA-sparse calls: the exact generic attention_cuda.
 // The state holds an fp32 latent cache, so the decode path converts the whole prefix to bf16 every call
 // (6 bytes an element more than the kernel's 2): a bf16 paged cache in the GPU state removes that.
 #include <cmath>
+#include <cstdlib>
 
 #include "gpu/blocks_gpu.cuh"
 #include "ops/attention.h"
@@ -171,8 +173,10 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
     K3_RETURN_IF_ERROR(zh.alloc(c, n_tok * nh * R));
   }
   const float scale = 1.f / std::sqrt(float(dqk));
-  const bool fast_decode = c.bf16() && R == kMlaLatent && dr == kMlaRope;
-  const bool fast_prefill = c.bf16() && dn == kMlaPrefillNope && dr == kMlaPrefillRope && dv == kMlaPrefillV;
+  const char* fast_env = std::getenv("K3_MLA_FAST");  // read per call: tests switch it
+  const bool fast = c.bf16() && fast_env && fast_env[0] == '1';
+  const bool fast_decode = fast && R == kMlaLatent && dr == kMlaRope;
+  const bool fast_prefill = fast && dn == kMlaPrefillNope && dr == kMlaPrefillRope && dv == kMlaPrefillV;
   for (const MlaSeqGpu& s : seqs) {
     if (s.n_tok <= 0) continue;
     MlaStateGpu& st = *s.st;

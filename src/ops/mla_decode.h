@@ -55,10 +55,11 @@ void mla_decode_ref(const MlaDecodeParams& p);
 
 // CUDA (device pointers, asynchronous on g.stream; graph-capture safe: no allocation, no sync). Needs
 // mla_decode_workspace_bytes(p) bytes of g.workspace for the per-split partials (n_split is reduced until
-// it fits). Runs the sm_90a warpgroup-MMA kernel (K3_MLA_KERNEL=mma in the environment: the mma.sync one).
+// it fits). Runs the mma.sync kernel (validated on the H200); K3_MLA_KERNEL=wgmma in the environment picks
+// the sm_90a warpgroup-MMA kernel instead (compiles; NOT YET RUN ON A GPU).
 void mla_decode_cuda(const MlaDecodeParams& p, GpuContext& g);
-// The mma.sync tensor-core kernel (32 heads a CTA), the cross-check of the warpgroup one.
-void mla_decode_cuda_mma(const MlaDecodeParams& p, GpuContext& g);
+// The sm_90a warpgroup-MMA kernel (64 heads a CTA) explicitly. Compiles; not yet run on a GPU.
+void mla_decode_cuda_wgmma(const MlaDecodeParams& p, GpuContext& g);
 // The same contract on plain CUDA cores (no tensor cores): the slower cross-check of mla_decode_cuda.
 void mla_decode_cuda_simple(const MlaDecodeParams& p, GpuContext& g);
 // Workspace for n_split splits (n_split <= 0: the split count mla_decode_cuda would choose).

@@ -245,8 +245,50 @@ TEST_P(GpuModelTiny, Bf16LogitsNearCpu) {
   EXPECT_LE(e, 5e-2);
 }
 
-// tiny-k3-mla: the production MLA head widths, so bf16 mode runs the tensor-core MLA kernels (mla_gpu.cu).
+// tiny-k3-mla: tiny-k3 with the production MLA head widths (the shapes of the tensor-core MLA kernels).
 INSTANTIATE_TEST_SUITE_P(Families, GpuModelTiny, ::testing::Values("tiny-kl", "tiny-k3", "tiny-k31", "tiny-k3-mla"));
+
+// K3_MLA_FAST=1 (opt-in): bf16 MLA on the tensor-core kernels (mla_prefill_cuda for the 23-token prefill,
+// mla_decode_cuda for the absorbed decode step) against the CPU, layer by layer as above; the kernels round the
+// softmax weights (and the absorbed query) to bf16, well inside the 1e-4 bound.
+TEST(GpuModel, Bf16FastMlaKernelsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  struct EnvGuard {
+    EnvGuard() { setenv("K3_MLA_FAST", "1", 1); }
+    ~EnvGuard() { unsetenv("K3_MLA_FAST"); }
+  } env;
+  Trace tc, tg;
+  ModelOptions oc, og;
+  oc.precision = og.precision = Precision::bf16;
+  oc.trace = [&](const char* n, int l, const float* x, int64_t k) { tc[{n, l}].assign(x, x + k); };
+  og.trace = [&](const char* n, int l, const float* x, int64_t k) { tg[{n, l}].assign(x, x + k); };
+  auto ck = open_model("tiny-k3-mla");
+  ASSERT_TRUE(ck);
+  oc.n_threads = 2;
+  auto cpu = Model::load(*ck, oc);
+  auto gpu = gpu::GpuModel::load(*ck, og);
+  ASSERT_TRUE(cpu.ok() && gpu.ok());
+  (*gpu)->set_layer_inputs([&](int layer, int64_t n) -> const float* {
+    auto it = tc.find({"l_out", layer});
+    return it != tc.end() && int64_t(it->second.size()) == n ? it->second.data() : nullptr;
+  });
+  auto sc = (*cpu)->new_state();
+  auto sg = (*gpu)->new_state();
+  ASSERT_TRUE(sg.ok());
+  const auto tok = random_tokens(24, ck->config().n_vocab, 17);
+  for (int64_t t0 : {0, 23}) {
+    const int64_t n = t0 == 0 ? 23 : 1;
+    tc.clear(), tg.clear();
+    std::vector<float> lc, lg;
+    ASSERT_TRUE((*cpu)->forward(*sc, tok.data() + t0, n, &lc, true).ok());
+    ASSERT_TRUE((*gpu)->forward(**sg, tok.data() + t0, n, &lg, true).ok());
+    for (const auto& [key, ref] : tc) {
+      auto it = tg.find(key);
+      ASSERT_TRUE(it != tg.end()) << key.first << " layer " << key.second << " not traced on the GPU";
+      EXPECT_LE(nmse(it->second, ref), 1e-4) << key.first << " layer " << key.second << ", call of " << n;
+    }
+  }
+}
 
 // -log softmax(z)[id] in double.
 double nll(const float* z, int64_t V, int32_t id) {

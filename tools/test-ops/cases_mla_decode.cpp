@@ -3,9 +3,9 @@
 // ref  = mla_decode_ref (fp64, reads the pages through the block table).
 // cpu  = attention.h's attention_cpu on each sequence's rows gathered into one fp32 [n_ctx, 576] buffer
 //        (the MQA latent layout: k = the whole row, v = its first 512 values, head strides 0).
-// cuda = mla_decode_cuda (Hopper warpgroup MMA; softmax weights in bf16, so a looser bound) for op
-//        "mla_decode", mla_decode_cuda_mma (mma.sync) for "mla_decode_mma", mla_decode_cuda_simple (CUDA
-//        cores) for "mla_decode_simple".
+// cuda = mla_decode_cuda (mma.sync; softmax weights in bf16, so a looser bound) for op "mla_decode",
+//        mla_decode_cuda_wgmma (sm_90a warpgroup MMA, not yet run on a GPU) for "mla_decode_wgmma",
+//        mla_decode_cuda_simple (CUDA cores) for "mla_decode_simple".
 // Odd context lengths (1, 17, 989, 4097), several sequences of different lengths in one call, pages
 // shuffled in the pool, unused block-table slots set to -1 (never read), head counts that are not a
 // multiple of the kernels' head groups, forced split counts.
@@ -30,7 +30,7 @@ struct MlaState {
   std::vector<uint16_t> cache, q;
 };
 
-enum class Kind { wgmma, mma, simple };
+enum class Kind { mma, wgmma, simple };
 
 void add_case(CaseList& cases, Kind kind, int H, int P, std::vector<int32_t> lens, float scale, int n_split) {
   auto st = std::make_shared<MlaState>();
@@ -39,7 +39,7 @@ void add_case(CaseList& cases, Kind kind, int H, int P, std::vector<int32_t> len
   for (size_t i = 0; i < lens.size(); ++i) shape += (i ? "," : "") + std::to_string(lens[i]);
   shape += " scale=" + std::to_string(scale).substr(0, 5) + " splits=" + std::to_string(n_split);
   cases.push_back(std::make_unique<FnCase>(
-      kind == Kind::simple ? "mla_decode_simple" : kind == Kind::mma ? "mla_decode_mma" : "mla_decode", shape,
+      kind == Kind::simple ? "mla_decode_simple" : kind == Kind::wgmma ? "mla_decode_wgmma" : "mla_decode", shape,
       kind == Kind::simple ? 1e-9 : 1e-5,
       [st](Rng& rng) {
         const int n_seq = int(st->lens.size());
@@ -103,8 +103,8 @@ void add_case(CaseList& cases, Kind kind, int H, int P, std::vector<int32_t> len
           ctx.gpu_run([&] {
             if (kind == Kind::simple)
               mla_decode_cuda_simple(p, *ctx.gpu);
-            else if (kind == Kind::mma)
-              mla_decode_cuda_mma(p, *ctx.gpu);
+            else if (kind == Kind::wgmma)
+              mla_decode_cuda_wgmma(p, *ctx.gpu);
             else
               mla_decode_cuda(p, *ctx.gpu);
           });
@@ -118,7 +118,7 @@ void add_case(CaseList& cases, Kind kind, int H, int P, std::vector<int32_t> len
 
 K3_OP_CASES(mla_decode_cases) {
   const float s192 = 1.f / std::sqrt(192.f);  // 1 / sqrt(qk_nope + qk_rope)
-  for (Kind kind : {Kind::wgmma, Kind::mma, Kind::simple}) {
+  for (Kind kind : {Kind::mma, Kind::wgmma, Kind::simple}) {
     add_case(cases, kind, 96, 64, {1, 17, 300}, s192, 0);
     add_case(cases, kind, 20, 16, {989, 4097, 64}, s192, 0);
     add_case(cases, kind, 16, 64, {4097}, 0.3f, 3);   // peaky softmax, uneven forced splits
