@@ -22,6 +22,7 @@ def main(argv=None):
     ap.add_argument("--summary", required=True)
     ap.add_argument("--acceptance", required=True)
     ap.add_argument("--k31", action="store_true")
+    ap.add_argument("--router-load", help="training/router_load.py JSON over the whole held-out text (engine)")
     a = ap.parse_args(argv)
     s, acc = json.load(open(a.summary)), json.load(open(a.acceptance))
     t = json.load(open(os.path.join(a.model, "config.json")))["text_config"]
@@ -66,14 +67,35 @@ def main(argv=None):
                          f"{st['trainable_params']:,} trainable parameters; final loss {st['final_loss']:.4f}, "
                          f"indexer KL {st['final_kl']:.4f}")
         lines.append(f"- K3.1 held-out loss {k['held_out']['nll']:.4f} (ppl {k['held_out']['ppl']:.3f})")
+    cal_path = os.path.join(a.model, "calibration.json")
+    cal = json.load(open(cal_path)) if os.path.exists(cal_path) else None
+    if cal:
+        ly = cal["layers"]
+        lines.append(
+            f"- last stage, router calibration (CPU, every weight frozen; `training/calibrate_router.py`, "
+            f"calibration.json): Quantile Balancing of the {len(ly)} router biases on {cal['windows']} random "
+            f"windows of {cal['ctx']} tokens of the TRAINING data (seed {cal['seed']}), {cal['iters']} QB updates "
+            f"per layer, layer by layer; expert load on those tokens min/max x mean "
+            f"{min(l['before_min'] for l in ly):.2f}/{max(l['before_max'] for l in ly):.2f} before, "
+            f"{min(l['after_min'] for l in ly):.2f}/{max(l['after_max'] for l in ly):.2f} after; only the "
+            f"e_score_correction_bias tensors changed"
+            + (" (K3.1: rebuilt from the calibrated K3 with its unchanged DSA-layer delta, assemble_k31.py)"
+               if a.k31 else ""))
     lines += ["", "## Held-out evaluation (CPU, fp32)", "",
               f"pytorch_heldout_ppl: {acc['pytorch_ppl']:.6f}", "",
               f"- models/heldout.txt, {acc['windows']} windows of {acc['ctx']} ({acc['scored']:,} scored tokens); "
               f"engine: `{acc['engine_command']}` -> {acc['engine_ppl']:.6f} (relative difference "
               f"{acc['ppl_rel_diff']:.1e}); top-1 agreement {acc['top1_agreement'] * 100:.2f}% over "
               f"{acc['top1_positions']} positions",
-              f"- router load over the text: min {acc['router_load_min']:.2f}, max {acc['router_load_max']:.2f} "
-              f"x the mean (check: every expert of every MoE layer within [0.25, 4] x the mean)"]
+              f"- router load over those windows (PyTorch): min {acc['router_load_min']:.2f}, max "
+              f"{acc['router_load_max']:.2f} x the mean (check: every expert of every MoE layer within [0.25, 4] "
+              f"x the mean)"]
+    if a.router_load:
+        rl = json.load(open(a.router_load))
+        lines.append(f"- router load over the whole text ({rl['source'].split(': ', 1)[1]}, {rl['tokens_routed']:,} "
+                     f"tokens, the engine's router inputs, `training/router_load.py`): min "
+                     f"{rl['router_load_min']:.2f}, max {rl['router_load_max']:.2f} x the mean: "
+                     f"{'pass' if rl['pass'] else 'FAIL'}")
     ht = s.get("held_out_text")
     if ht:
         if a.k31 and "held_out_text_sparse" in s.get("k31", {}):
@@ -83,17 +105,20 @@ def main(argv=None):
         else:
             val = f"{ht['ppl']:.3f}"
         lines.append(f"- the whole text ({ht['windows']} windows of {ht['ctx']}, {ht['tokens_scored']:,} tokens) in "
-                     f"the training run on the H200 (PyTorch, bf16 autocast): ppl {val}")
+                     f"the training run on the H200 (PyTorch, bf16 autocast{', before the router calibration' if cal else ''}"
+                     f"): ppl {val}")
     if a.k31:
         lines.append(f"- dense-attention perplexity {acc['pytorch_ppl_dense']:.4f}: DSA "
                      f"{acc['dsa_vs_dense'] * 100:+.2f}%")
         ix = acc.get("index_sets")
-        if isinstance(ix, dict):
-            lines.append(f"- DSA selected index sets, engine vs PyTorch: {ix['rows_equal']:,} of {ix['rows']:,} "
-                         f"query rows identical ({ix['windows']} windows x {ix['dsa_layers']} DSA layers, "
-                         f"{ix['rows_selecting']:,} rows past index_topk where the indexer selects; "
-                         f"{ix['windows_layers_all_equal']} of {ix['windows_layers']} window/layer pairs "
-                         f"identical in every row)")
+        if isinstance(ix, dict) and "same_inputs" in ix:
+            si, ee = ix["same_inputs"], ix["end_to_end"]
+            lines.append(f"- DSA selected index sets, engine vs PyTorch ({ix['windows']} windows x {ix['dsa_layers']} "
+                         f"DSA layers, {si['rows']:,} query rows, {si['rows_selecting']:,} past index_topk where the "
+                         f"indexer selects): given the same indexer inputs {si['rows_equal']:,} rows identical, "
+                         f"{si['rows_tie_equal']:,} equal up to near-ties (within {ix['tie_eps']} of the k-th "
+                         f"score); end to end (each side's own forward pass) {ee['rows_equal']:,} identical, "
+                         f"{ee['rows_tie_equal']:,} equal up to near-ties")
     checks = acc.get("checks", {})
     if checks:
         lines.append("- acceptance checks (training/acceptance.py): " + ", ".join(

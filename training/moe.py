@@ -2,7 +2,8 @@
 
 SiTU-GLU: h = [b1 tanh(g/b1) sigmoid(g)] * [b2 tanh(u/b2)], b1 = 4, b2 = 25, fp32, |h| <= 100.
 Stable LatentMoE, x [N,D] (post_attention_layernorm output):
-  s = sigmoid(x W_gate^T) (fp32)          sel = top-k of (s + e_score_correction_bias)   (bias: selection only)
+  s = sigmoid(x W_gate^T) (fp32)          sel = top-k of (s + e_score_correction_bias)   (bias: selection only;
+                                          ties -> lower expert id, top_k_lower)
   w_j = s_sel_j / (sum s_sel + 1e-20) * routed_scaling_factor
   z = routed_expert_down_proj x  [N,D/2];  y = sum_j w_j E_j(z),  E_e(z) = w2_e SiTU(w1_e z, w3_e z)
   out = routed_expert_up_proj RMSNorm(y; routed_expert_norm) + shared_experts(x)
@@ -55,6 +56,14 @@ def fake_mxfp4(w: torch.Tensor) -> torch.Tensor:
     return w + (q - w).detach()
 
 
+def top_k_lower(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest scores per row, ties -> lower expert id (MODEL.md §13 #3, as the engine).
+    torch.topk leaves the order of equal values unspecified: on the CPU it has picked the higher id of an
+    exact fp32 tie at the k-th place (held-out window 12, layer 3, token 587: experts 12 and 20 both 0.61568266),
+    which sent the whole rest of the window down another path than the engine's (docs/training.md)."""
+    return scores.sort(dim=-1, descending=True, stable=True).indices[..., :k]
+
+
 class MLP(nn.Module):
     """Dense SiTU-GLU MLP (layer 0 `mlp.` and the merged `shared_experts.`)."""
 
@@ -102,7 +111,7 @@ class LatentMoE(nn.Module):
         with torch.autocast(device_type=x.device.type, enabled=False):   # router in fp32 (MODEL.md §8.2)
             s = torch.sigmoid(F.linear(x.float(), self.gate.weight.float()))
         biased = s + self.gate.e_score_correction_bias
-        sel = biased.topk(self.k, dim=-1).indices
+        sel = top_k_lower(biased, self.k)
         s_sel = s.gather(-1, sel)
         w_sel = s_sel / (s_sel.sum(-1, keepdim=True) + 1e-20) * self.scale
         if self.training:

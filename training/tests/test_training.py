@@ -158,3 +158,31 @@ def test_k31_stages_delta_and_assembly(tmp_path):
         want = k31.eval()(toks)
         got = load.load(str(out)).eval()(toks)
     assert torch.equal(want, got)
+
+
+def test_router_ties_go_to_the_lower_expert():
+    # an exact fp32 tie at the k-th place: MODEL.md (and the engine) pick the lower expert id
+    s = torch.tensor([[0.9, 0.5, 0.7, 0.5, 0.1], [0.5, 0.5, 0.5, 0.5, 0.5]])
+    assert moe.top_k_lower(s, 3).sort(-1).values.tolist() == [[0, 1, 2], [0, 1, 2]]
+
+
+def test_index_set_tie_aware_comparison():
+    import acceptance
+    T, k = 6, 3
+    scores = torch.tensor([[1.0, 0.8, 0.5, 0.5 + 2e-6, 0.1, 0.0]]).expand(T, T).tril()
+    scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    from mla import Indexer
+    keep = Indexer.select(type("I", (), {"topk": k})(), scores[None])[0]
+    ref = torch.stack([keep[t].nonzero()[:, 0] for t in range(k, T)])           # reference sets, rows >= k
+    eng = -np.ones((T, k), dtype=np.int64)
+    for t in range(k):
+        eng[t, :t + 1] = np.arange(t + 1)    # a query that sees at most k positions reads 0..t (dsa.cpp)
+    eng[k:] = ref.numpy()
+    strict, tie, _ = acceptance.compare_rows(keep, scores, eng, k)
+    assert strict.all() and tie.all()
+    eng[5] = [0, 1, 2]                       # 2 instead of 3: 2e-6 apart, a near-tie (eps 1e-5) -> tie-equal
+    strict, tie, gap = acceptance.compare_rows(keep, scores, eng, k)
+    assert not strict[5] and tie[5] and gap[5] < 1e-5
+    eng[5] = [0, 1, 4]                       # 4 instead of 3: 0.4 apart -> differs in both counts
+    strict, tie, _ = acceptance.compare_rows(keep, scores, eng, k)
+    assert not strict[5] and not tie[5] and strict[:5].all()
