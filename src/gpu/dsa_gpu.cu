@@ -5,8 +5,9 @@
 //   I[t, s] = (Hi Di)^-1/2 sum_h a_{t,h} relu(q^I_{t,h} . k^I_s)     s <= t, fp32
 //   S_t = every s <= t when t (1-based) <= topk; else the topk largest I[t, s], ties -> lower s, ascending
 //
-// bf16 mode (index head dim a multiple of 16, <= 128; <= 64 index heads): the ops of ops/dsa_index.h and
-// ops/dsa_topk.h. The fp32 index keys of the state (bf16 values in this mode) are stored as bf16 pages
+// Opt-in (K3_DSA_FAST=1; compiled but NOT yet run on a GPU, so the default stays the generic path below,
+// validated on the H200 in session 2), bf16 mode (index head dim a multiple of 16, <= 128; <= 64 index
+// heads): the ops of ops/dsa_index.h and ops/dsa_topk.h. The fp32 index keys of the state (bf16 values in this mode) are stored as bf16 pages
 // (dsa_key_store_cuda, exact), scored on tensor cores (q^I and a are bf16 already: the linears round their
 // outputs in this mode, on the CPU too), and the exact radix top-k picks the same set as the CPU's
 // partial_sort of the same scores; the scores differ from the CPU's only by fp32 summation order.
@@ -16,6 +17,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "gpu/blocks_gpu.cuh"
 #include "ops/dsa_index.h"
@@ -114,6 +116,15 @@ Status trace_sel(const GpuCtx& c, int layer, const int32_t* sel, int64_t n_past,
   return ok_status();
 }
 
+// K3_DSA_FAST=1 selects the new ops in bf16 mode (read once).
+bool dsa_fast_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("K3_DSA_FAST");
+    return v && v[0] == '1';
+  }();
+  return on;
+}
+
 __global__ void iota_kernel(int32_t* x, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = int32_t(i);
@@ -177,7 +188,7 @@ Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsG
   K3_RETURN_IF_ERROR(a.alloc(c, n_tok * Hi));
   linear(c, w.wq_b, cq, n_tok, qI.f());
   linear(c, w.weights_proj, x, n_tok, a.f());
-  if (c.bf16() && Di % 16 == 0 && Di <= 128 && Hi >= 1 && Hi <= 64) {
+  if (c.bf16() && dsa_fast_enabled() && Di % 16 == 0 && Di <= 128 && Hi >= 1 && Hi <= 64) {
     K3_RETURN_IF_ERROR(select_bf16(c, Hi, Di, topk, qI.f(), a.f(), st->index_k, n_past, n_tok, sel));
     *sparse = true;
     K3_RETURN_IF_ERROR(trace_sel(c, layer, sel->as<int32_t>(), n_past, n_tok, topk));

@@ -17,6 +17,9 @@ Status check_cache(const DsaKeyCache& c, const char* op) {
                                         " (supported: multiples of 16 up to 128)");
   if (c.page_size < 1 || c.max_pages < 1 || c.n_pages < 1)
     return error(Code::invalid_argument, std::string(op) + ": page_size, max_pages, n_pages must be >= 1");
+  if (c.fmt == DsaKeyFormat::fp8 && (size_t(c.page_size) * size_t(c.d_head + 4)) % 16 != 0)
+    return error(Code::unsupported, std::string(op) + ": fp8 pages of " + std::to_string(c.page_size) +
+                                        " tokens are not 16-byte aligned (page_size * (Di + 4) % 16 != 0)");
   if (!c.pages || !c.block_table) return error(Code::invalid_argument, std::string(op) + ": null cache pointer");
   return ok_status();
 }
