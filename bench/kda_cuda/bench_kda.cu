@@ -312,7 +312,8 @@ void check_prefill(const std::string& name, const std::vector<int>& lens, const 
   std::vector<int> cu(1, 0), slot(lens.size());
   for (int l : lens) cu.push_back(cu.back() + l);
   CK(cudaMemcpy(slot.data(), r.slot, slot.size() * sizeof(int), cudaMemcpyDeviceToHost));
-  if (lens.size() == 1 && lens[0] >= 64 && lens[0] <= 1024) check_scratch(q, k, v, g, beta, 5, ctx);
+  if (kda_prefill_split_enabled() && lens.size() == 1 && lens[0] >= 64 && lens[0] <= 1024)
+    check_scratch(q, k, v, g, beta, 5, ctx);
   int64_t unwritten = 0;
   for (uint16_t x : o)
     if (!std::isfinite(bf16_to_f32(x))) ++unwritten;
@@ -377,17 +378,19 @@ void time_prefill(const std::string& name, const std::vector<int>& lens, int rep
   PrefillRun r = make_prefill(lens, 77);
   KdaPrefillParams p = params_of(r);
   const double ms = time_ms([&](int) { ST(kda_prefill_fast_cuda(p, ctx)); }, 2, reps);
-  // The intra kernels alone over the same windows (as kda_prefill_fast_cuda cuts them).
-  const int64_t max_chunks = r.n_tok / 64 + int64_t(lens.size());
-  const int64_t window = std::min<int64_t>(max_chunks, ctx.workspace_bytes / kda_prefill_fast_workspace_bytes(H));
-  const double ms_intra = time_ms(
-      [&](int) {
-        for (int64_t c0 = 0; c0 < max_chunks; c0 += window)
-          CK(kdapre::launch_intra(p, static_cast<uint32_t*>(ctx.workspace), c0,
-                                  int(std::min(window, max_chunks - c0)), nullptr));
-      },
-      2, reps);
-  emit("prefill_" + name + "_intra_ms", ms_intra, "ms");
+  if (kda_prefill_split_enabled()) {  // the pre-pass alone over all windows (total time in one buffer)
+    // The intra kernels alone over the same windows (as kda_prefill_fast_cuda cuts them).
+    const int64_t max_chunks = r.n_tok / 64 + int64_t(lens.size());
+    const int64_t window = std::min<int64_t>(max_chunks, ctx.workspace_bytes / kda_prefill_fast_workspace_bytes(H));
+    const double ms_intra = time_ms(
+        [&](int) {
+          for (int64_t c0 = 0; c0 < max_chunks; c0 += window)
+            CK(kdapre::launch_intra(p, static_cast<uint32_t*>(ctx.workspace), c0,
+                                    int(std::min(window, max_chunks - c0)), nullptr));
+        },
+        2, reps);
+    emit("prefill_" + name + "_intra_ms", ms_intra, "ms");
+  }
   const double bytes = double(r.n_tok) * H * (4.0 * D * 2 + 4) + 2.0 * lens.size() * H * D * D * 4;
   emit("prefill_" + name + "_ms", ms, "ms");
   emit("prefill_" + name + "_GBps", bytes / ms * 1e-6, "GB/s");
@@ -527,8 +530,9 @@ int main(int argc, char** argv) {
   const char* ws_env = std::getenv("K3_KDA_WS_MB");
   ctx.workspace_bytes = size_t(ws_env ? std::atoi(ws_env) : 256) << 20;
   CK(cudaMalloc(&ctx.workspace, ctx.workspace_bytes));
-  std::printf("workspace %zu MiB: %zu chunks of 96 heads per pass\n", ctx.workspace_bytes >> 20,
-              ctx.workspace_bytes / kda_prefill_fast_workspace_bytes(H));
+  std::printf("prefill: %s; workspace %zu MiB = %zu chunks of 96 heads\n",
+              kda_prefill_split_enabled() ? "two-kernel (K3_KDA_PREFILL_SPLIT=1, first GPU run)" : "one-kernel (validated)",
+              ctx.workspace_bytes >> 20, ctx.workspace_bytes / kda_prefill_fast_workspace_bytes(H));
   // Rejection of an unsupported shape is a message, not a launch.
   {
     KdaPrefillParams bad;

@@ -5,7 +5,12 @@
 # .carry/dev/kdapre/triton.tar.xz (and sent back, refreshed, so later calls skip fla's ~70 s compile/autotune).
 # At most 3 files in $OUT/kdapre: run.log, kda_cuda.jsonl, triton.tar.xz.
 #
-#   here:   bash scripts/device/kdapre.sh --pack BUILD   (BUILD/bench/bench_kda* + COMMIT into .carry/dev/kdapre)
+#   here:   bash scripts/device/kdapre.sh --pack BUILD   (BUILD/bench/bench_kda* + COMMIT + PLAN into .carry/dev/kdapre)
+#           BUILD/bench/bench_kda from `bash bench/kda_cuda/build.sh BUILD/bench`; fla wheels (fla-core,
+#           flash-linear-attention 0.6.0, einops) in .carry/dev/kdapre/whl (`pip download --no-deps ...`).
+# The default plan (scripts/device/kdapre.PLAN) takes ~85 s before fla; fla's first chunk_kda call compiles
+# and autotunes for ~70 s without the carried cache (.carry/dev/kdapre/triton.tar.xz, copied from a previous
+# call's $OUT/kdapre/triton.tar.xz): give the first call ~180 s (BUDGET=180) or run FLA alone first.
 #   device: bash scripts/device/kdapre.sh                (.carry/dev/kdapre/PLAN picks the runs; BUDGET=100)
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -17,6 +22,7 @@ if [ "${1:-}" = "--pack" ]; then  # runs HERE
   rm -f "$C"/bench_kda*
   for b in "$build"/bench/bench_kda*; do cp "$b" "$C/" && strip -s "$C/$(basename "$b")"; done
   git rev-parse --short HEAD >"$C/COMMIT"
+  cp scripts/device/kdapre.PLAN "$C/PLAN"  # edit $C/PLAN after packing for another plan
   du -sh "$C"
   exit 0
 fi

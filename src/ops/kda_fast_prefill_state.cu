@@ -1,5 +1,6 @@
-// kda_fast_prefill_state.cu: the state-dependent half of the chunkwise KDA prefill (kda_fast.h) and the
-// entry point kda_prefill_fast_cuda. One CTA (8 warps) per (slice of VB value columns, head, sequence) walks
+// kda_fast_prefill_state.cu: the state-dependent half of the two-kernel chunkwise KDA prefill (kda_fast.h) and
+// the entry point kda_prefill_fast_cuda, which runs the validated one-kernel version (kda_fast_prefill.cu)
+// unless K3_KDA_PREFILL_SPLIT=1. The two-kernel version compiles but has NOT YET RUN ON A GPU. One CTA (8 warps) per (slice of VB value columns, head, sequence) walks
 // the sequence's chunks in order with its fp32 state slice S [128, VB] in registers (warp w: rows 16w..16w+15)
 // and a tf32 copy in shared memory (the B operand). Per chunk, from the scratch of kda_fast_prefill_intra.cu:
 //   1. V' = T (beta V) + (-W) S  (warps 0-3, rows 16w..)     O = Qe S  (warps 4-7)
@@ -261,8 +262,21 @@ Status side_of(Side*& out) {
 }
 }  // namespace
 
+Status kda_prefill_fast_cuda_onekernel(const KdaPrefillParams& p, GpuContext& g);  // kda_fast_prefill.cu
+
+bool kda_prefill_split_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("K3_KDA_PREFILL_SPLIT");
+    return e && std::atoi(e) == 1;
+  }();
+  return on;
+}
+
 Status kda_prefill_fast_cuda(const KdaPrefillParams& p, GpuContext& g) {
   using namespace kdapre;
+  // Default: the one-kernel prefill validated on the H200 (session 2). The two-kernel version below compiles
+  // but has not yet run on a GPU: opt-in only (K3_KDA_PREFILL_SPLIT=1).
+  if (!kda_prefill_split_enabled()) return kda_prefill_fast_cuda_onekernel(p, g);
   Status st = kda_prefill_fast_check(p);
   if (!st.ok()) return st;
   if (p.n_tok == 0) return ok_status();
