@@ -3,8 +3,8 @@
 // recurrence (kda_prefill_fast_ref) on the bench's input laws (q, k unit rows, q * 128^-1/2, v ~ N(0, 1),
 // g = -5 sigmoid(1.5 z - 3.5), beta uniform (0.02, 0.98), S0 ~ 0.05 N(0, 1), all bf16-valued).
 //
-//   g++ -O2 -std=c++20 -Isrc -Iinclude bench/kda_cuda/emu_study.cpp src/ops/kda_fast_prefill_emu.cpp \
-//       src/ops/kda_fast_ref.cpp <the core objects they need> -o emu_study && ./emu_study 8192 2
+//   g++ -O2 -std=c++20 -Isrc -Iinclude bench/kda_cuda/emu_study.cpp src/ops/kda_fast_prefill_emu.cpp
+//       src/ops/kda_fast_ref.cpp src/core/dtype.cpp -o emu_study && ./emu_study 8192 3   (T, heads)
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
