@@ -1,5 +1,6 @@
 // kda_fast_gpu.cu: the KDA token mixer on the fast bf16 kernels (ops/kda_fast.h), bf16 mode, K = V = 128,
-// conv width 4; the same equations, rounding points and trace names as kda_gpu.cu's generic path
+// conv width 4. OPT-IN (K3_KDA_FAST=1, read when a sequence state is made): compiles, NOT YET RUN ON A GPU
+// (tests/cpp/test_gpu_kda_fast.cpp is what the next device call must pass); the default is kda_gpu.cu; the same equations, rounding points and trace names as kda_gpu.cu's generic path
 // (model/kda.cpp, MODEL.md §4). The conv window is kept in bf16 (KdaStateGpu::conv16): exact, since the
 // pre-conv rows q~, k~, v~ are a bf16 rounding point.
 //

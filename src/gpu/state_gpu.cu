@@ -2,7 +2,8 @@
 //
 //   KDA layers: S [H, K, V] and the conv window [3, W-1, H*K], all layers in one allocation, zeroed at start;
 //               the window is bf16 (conv16) when the fast kernels run (bf16 mode, K = V = 128, W = 4; exact, as
-//               the pre-conv rows are a bf16 rounding point), fp32 otherwise. K3_KDA_GENERIC=1 forces fp32.
+//               the pre-conv rows are a bf16 rounding point), fp32 otherwise. Opt-in: K3_KDA_FAST=1 (the
+//               fast path has not yet run on a GPU).
 //   MLA layers: latent rows [cap, d_latent] (+ DSA index keys [cap, Di]), grown by doubling before a call
 // Copies to and from a host SeqState use the same layouts, so a sequence can move between CPU and GPU.
 #include "core/cuda_check.h"
@@ -33,10 +34,11 @@ int64_t n_kda_layers(const ModelConfig& c) {
 int64_t index_width(const ModelConfig& c, int layer) {
   return c.layer_attn[size_t(layer)] == AttnKind::dsa ? c.dsa.d_head : 0;
 }
-// The fast KDA kernels (ops/kda_fast.h) serve bf16 mode with K = V = 128 and a conv of width 4.
+// The fast KDA kernels (ops/kda_fast.h) serve bf16 mode with K = V = 128 and a conv of width 4. Opt-in
+// (K3_KDA_FAST=1) until the path has run on a GPU: src/gpu/kda_fast_gpu.cu compiles but is not yet validated.
 bool kda_fast(const ModelConfig& c, Precision p) {
-  const char* e = std::getenv("K3_KDA_GENERIC");
-  return p == Precision::bf16 && c.kda.d_head == 128 && c.kda.conv_size == 4 && !(e && e[0] == '1');
+  const char* e = std::getenv("K3_KDA_FAST");
+  return p == Precision::bf16 && c.kda.d_head == 128 && c.kda.conv_size == 4 && e && e[0] == '1';
 }
 // Bytes of one KDA layer's state: S, then the window (bf16 or fp32), rounded up to 256.
 int64_t kda_layer_bytes(const ModelConfig& c, bool fast) {

@@ -1,23 +1,23 @@
 // kda_fast_decode.cu: one fused KDA decode step per layer for d_k = d_v = 128 (kda_fast.h).
 //
-// One CTA (8 warps) per (head, sequence); the state S[slot][h] [128, 128] fp32 (64 KB, contiguous) is read
-// once, updated and written back once, in place:
+// One CTA (8 warps) per (head, sequence). The state S[slot][h] [128, 128] fp32 is read once into registers
+// (warp w holds rows 16w .. 16w+15, lane l columns 4l .. 4l+3, issued before anything else so the loads
+// overlap the conv), updated and written back once, in place:
 //   conv window + current pre-conv input -> SiLU -> bf16;  q, k l2norm (q * K^-1/2);  alpha = exp(g),
-//   g = g_lower sigmoid(exp(A_log) (f + dt_bias))  (KL: -exp(A_log) softplus(f + dt_bias));  beta = sigmoid(b)
+//   g = g_lower sigmoid(exp(A_log) (f + dt_bias));  beta = sigmoid(b)
 //   S <- diag(alpha) S;  u = beta (v - S^T k);  S <- S + k u^T;  o = bf16(S^T q)
 //   out = o rsqrt(mean(o^2) + eps) w_onorm sigmoid(gate)
-// Thread (warp w, lane l) owns rows 16w .. 16w+15, columns 4l .. 4l+3; sums over the 128 rows go through
-// shared memory, one partial per warp. Every small input (f, b, gate, weights) is loaded at the start.
+// Sums over the 128 rows go through shared memory, one partial per warp.
 //
-// Two ways to hold the state (KDA_DECODE_TMA, default 1):
-//   1: one bulk copy (cp.async.bulk, the TMA unit) of the 64 KB into shared memory, issued by thread 0 first;
-//      both passes read shared memory, the updated state goes back by a bulk store. Few registers, so three
-//      CTAs per SM keep 3 x 64 KB in flight, and the store does not hold the CTA's registers.
-//   0: 16 float4 registers per thread (2 CTAs per SM).
+// This is the kernel validated on the H200 in session 2 (docs/perf.md) and the default. The bulk-copy
+// (TMA) version in kda_fast_decode_tma.cu, which also serves the optional fields of KdaDecodeParams
+// (per-sequence state pointers, separate conv taps, KL's gate, traced intermediates), compiles but has NOT
+// run on a GPU yet: it is used only when one of those fields is set or K3_KDA_DECODE_TMA=1.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
+#include <cstdlib>
 
 #include "core/cuda_check.h"
 #include "ops/kda_fast.h"
@@ -25,14 +25,14 @@
 namespace k3 {
 namespace {
 
-#ifndef KDA_DECODE_TMA
-#define KDA_DECODE_TMA 1
+#ifndef KDA_DECODE_SPLIT
+#define KDA_DECODE_SPLIT 0
 #endif
-#ifndef KDA_DECODE_CTAS  // CTAs per SM the TMA version is sized for (3 x 74 KB of shared memory)
-#define KDA_DECODE_CTAS 3
+#ifndef KDA_DECODE_MIN_BLOCKS  // CTAs per SM the register budget is sized for (2: no spills)
+#define KDA_DECODE_MIN_BLOCKS 2
 #endif
-constexpr int DK = 128, DV = 128, NT = 256, NW = NT / 32, ROWS = DK / NW;
-constexpr unsigned kStateBytes = DK * DV * 4;
+constexpr int DK = 128, DV = 128, NT = 256, NW = NT / 32;
+[[maybe_unused]] constexpr int ROWS = DK / NW;  // rows per warp (one-CTA version)
 
 __device__ inline float bf16f(uint16_t x) {
   return __uint_as_float(uint32_t(x) << 16);
@@ -45,230 +45,237 @@ __device__ inline float warp_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
 }
-__device__ inline float sigm(float x) {
-  return 1.f / (1.f + __expf(-x));
-}
-__device__ inline void fma4(float4& acc, const float4& s, float w) {
-  acc.x += s.x * w, acc.y += s.y * w, acc.z += s.z * w, acc.w += s.w * w;
-}
 
-struct Smem {
-  float x[3][DK];        // conv outputs q~, k~, v~ (bf16 values)
-  float alpha[DK];       // exp(g)
-  float red[2][NW][DV];  // per-warp partial sums: S^T k, then S^T q
-  float scal[4];         // |q|^-1 K^-1/2, |k|^-1, beta
-  unsigned long long bar;
-};
+#if !KDA_DECODE_SPLIT
+__global__ void __launch_bounds__(NT, KDA_DECODE_MIN_BLOCKS) kda_decode_kernel(const KdaDecodeParams p) {
+  __shared__ __align__(16) float x[3][DK];  // conv outputs q~, k~, v~ (bf16 values), then q, k normalized
+  __shared__ float alpha[DK];               // exp(g)
+  __shared__ __align__(16) float red[2][NW][DV];  // per-warp partial sums: S^T k, then S^T q
+  __shared__ float scal[4];                       // |q|^-1, |k|^-1, beta, rms
+  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int H = p.n_head, HK = H * DK, slot = p.slot[b];
+  float4* Sg = reinterpret_cast<float4*>(p.S + (size_t(slot) * H + h) * DK * DV);
+  float4 s[ROWS];
+#pragma unroll
+  for (int i = 0; i < ROWS; ++i) s[i] = Sg[(warp * ROWS + i) * (DV / 4) + lane];
 
-// Everything before the state is touched: conv + SiLU + roll of the window, gate, beta, the two norms.
-// Ends with the block synchronized; returns (gate, o_norm) of column tid (tid < DV).
-__device__ inline float2 prologue(const KdaDecodeParams& p, Smem& sm, int h, int b, uint16_t* conv) {
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, H = p.n_head, HK = H * DK;
-  float2 go = make_float2(0.f, 0.f);
-  float fz = 0.f, A = 0.f, bl = 0.f;
-  if (tid < DV) {
-    go.x = bf16f(p.gate[size_t(b) * H * DV + h * DV + tid]);
-    go.y = p.o_norm[tid];
-    fz = bf16f(p.f[size_t(b) * HK + h * DK + tid]) + p.dt_bias[h * DK + tid];
-    A = __expf(p.A_log[h]);
-    if (tid == 64) bl = bf16f(p.b[size_t(b) * H + h]);
-  }
-  for (int e = tid; e < 3 * DK; e += NT) {  // short conv (width 4) over [x_{t-3}, x_{t-2}, x_{t-1}] and x_t
+  // Short conv (width 4) over the window [x_{t-3}, x_{t-2}, x_{t-1}] and x_t, SiLU, bf16; roll the window.
+  for (int e = tid; e < 3 * DK; e += NT) {
     const int m = e / DK, c = e % DK, ch = h * DK + c;
-    const float* cw = m == 0 || !p.conv_w_k ? p.conv_w + size_t(m) * HK * 4 : (m == 1 ? p.conv_w_k : p.conv_w_v);
-    const float4 w = reinterpret_cast<const float4*>(cw)[ch];
-    uint16_t* win = conv + size_t(m) * 3 * HK + ch;
+    const float4 w = reinterpret_cast<const float4*>(p.conv_w)[size_t(m) * HK + ch];
+    uint16_t* win = p.conv + (size_t(slot) * 9 + m * 3) * HK + ch;
     const uint16_t cur = p.qkv[(size_t(b) * 3 + m) * HK + ch];
     const uint16_t w0 = win[0], w1 = win[HK], w2 = win[2 * HK];
     float y = w.x * bf16f(w0) + w.y * bf16f(w1) + w.z * bf16f(w2) + w.w * bf16f(cur);
-    y = y * sigm(y);
-    sm.x[m][c] = round_bf16(y);
-    win[0] = w1, win[HK] = w2, win[2 * HK] = cur;  // only this CTA touches these channels
+    y = y / (1.f + __expf(-y));
+    x[m][c] = round_bf16(y);
+    win[0] = w1;
+    win[HK] = w2;
+    win[2 * HK] = cur;
   }
   if (tid < DK) {
-    const float g = p.softplus_gate ? -A * (fz > 20.f ? fz : log1pf(expf(fz))) : p.g_lower * sigm(A * fz);
-    sm.alpha[tid] = __expf(g);
-    if (p.g_out) p.g_out[size_t(b) * HK + h * DK + tid] = g;
+    const float A = __expf(p.A_log[h]);
+    const float z = bf16f(p.f[size_t(b) * HK + h * DK + tid]) + p.dt_bias[h * DK + tid];
+    const float g = p.g_lower / (1.f + __expf(-A * z));
+    alpha[tid] = __expf(g);
   }
   __syncthreads();
   if (warp < 2) {  // warp 0: |q|, warp 1: |k|
     float ss = 0.f;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) ss += sm.x[warp][lane + 32 * j] * sm.x[warp][lane + 32 * j];
+    for (int j = 0; j < 4; ++j) ss += x[warp][lane + 32 * j] * x[warp][lane + 32 * j];
     ss = warp_sum(ss);
-    if (lane == 0) sm.scal[warp] = rsqrtf(ss + 1e-6f) * (warp == 0 ? rsqrtf(float(DK)) : 1.f);
-  } else if (tid == 64) {
-    sm.scal[2] = 1.f / (1.f + __expf(-bl));
+    if (lane == 0) scal[warp] = rsqrtf(ss + 1e-6f) * (warp == 0 ? rsqrtf(float(DK)) : 1.f);
+  } else if (warp == 2 && lane == 0) {
+    scal[2] = 1.f / (1.f + __expf(-bf16f(p.b[size_t(b) * H + h])));
   }
   __syncthreads();
-  if (p.q_out && tid < DK) {  // the traced intermediates (tests, traces)
-    const size_t r = size_t(b) * HK + h * DK + tid;
-    p.q_out[r] = sm.x[0][tid] * sm.scal[0], p.k_out[r] = sm.x[1][tid] * sm.scal[1], p.v_out[r] = sm.x[2][tid];
-    if (tid == 0) p.beta_out[size_t(b) * H + h] = sm.scal[2];
-  }
-  return go;
-}
-
-// o = bf16(sum of the per-warp partials in red[1]); the gated RMSNorm over the head's 128 values.
-__device__ inline void epilogue(const KdaDecodeParams& p, Smem& sm, int h, int b, float2 go) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, H = p.n_head;
-  float o = 0.f;
-  if (tid < DV) {
+  const float sq = scal[0], sk = scal[1], beta = scal[2];
+  // Decay rows, u partial = S^T k over this warp's rows.
+  float4 part = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int w = 0; w < NW; ++w) o += sm.red[1][w][tid];
-    o = round_bf16(o);
-    const float ss = warp_sum(o * o);
-    if (lane == 0) sm.red[0][0][warp] = ss;
+  for (int i = 0; i < ROWS; ++i) {
+    const int a = warp * ROWS + i;
+    const float al = alpha[a], ka = x[1][a] * sk;
+    s[i].x *= al, s[i].y *= al, s[i].z *= al, s[i].w *= al;
+    part.x += s[i].x * ka, part.y += s[i].y * ka, part.z += s[i].z * ka, part.w += s[i].w * ka;
   }
+  reinterpret_cast<float4*>(red[0][warp])[lane] = part;
   __syncthreads();
-  if (tid < DV) {
-    const float ms = (sm.red[0][0][0] + sm.red[0][0][1] + sm.red[0][0][2] + sm.red[0][0][3]) / float(DV);
-    const float y = o * rsqrtf(ms + p.eps) * go.y * sigm(go.x);
-    const size_t r = size_t(b) * H * DV + h * DV + tid;
-    p.out[r] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
-    if (p.o_out) p.o_out[r] = o;
-  }
-}
-
-__device__ inline float* state_of(const KdaDecodeParams& p, int h, int b) {
-  return (p.S_seq ? p.S_seq[b] : p.S + size_t(p.slot[b]) * p.n_head * DK * DV) + size_t(h) * DK * DV;
-}
-__device__ inline uint16_t* conv_of(const KdaDecodeParams& p, int b) {
-  return p.conv_seq ? p.conv_seq[b] : p.conv + size_t(p.slot[b]) * 9 * p.n_head * DK;
-}
-
-// u = beta (v - S^T k) from the per-warp partials in red[0] (after a barrier), columns 4 lane .. + 3.
-__device__ inline float4 delta(const Smem& sm, float beta, int lane) {
   float4 u = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
   for (int w = 0; w < NW; ++w) {
-    const float4 r = reinterpret_cast<const float4*>(sm.red[0][w])[lane];
+    const float4 r = reinterpret_cast<const float4*>(red[0][w])[lane];
     u.x += r.x, u.y += r.y, u.z += r.z, u.w += r.w;
   }
-  const float4 v = reinterpret_cast<const float4*>(sm.x[2])[lane];
-  return make_float4(beta * (v.x - u.x), beta * (v.y - u.y), beta * (v.z - u.z), beta * (v.w - u.w));
-}
-
-#if KDA_DECODE_TMA
-__device__ inline uint32_t smem_addr(const void* p) {
-  return uint32_t(__cvta_generic_to_shared(p));
-}
-
-__global__ void __launch_bounds__(NT, KDA_DECODE_CTAS) kda_decode_kernel(const KdaDecodeParams p) {
-  extern __shared__ __align__(128) float4 Ss[];  // [DK][DV / 4] the state
-  __shared__ Smem sm;
-  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  float* Sg = state_of(p, h, b);
-  const uint32_t bar = smem_addr(&sm.bar);
-  if (tid == 0) {  // the state load first: 4 bulk copies of 16 KB completing on one mbarrier
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar));
-    asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(kStateBytes)
-                 : "memory");
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      asm volatile(
-          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-              smem_addr(Ss) + i * (kStateBytes / 4)),
-          "l"(reinterpret_cast<const char*>(Sg) + i * (kStateBytes / 4)), "r"(kStateBytes / 4), "r"(bar)
-          : "memory");
-  }
-  const float2 go = prologue(p, sm, h, b, conv_of(p, b));  // (its barriers publish the mbarrier init)
-  const float sq = sm.scal[0], sk = sm.scal[1], beta = sm.scal[2];
-  uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\tselp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(bar)
-        : "memory");
-  float4 part = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int i = 0; i < ROWS; ++i) {  // pass 1: u partial = (diag(alpha) S)^T k over this warp's rows
-    const int a = warp * ROWS + i;
-    fma4(part, Ss[a * (DV / 4) + lane], sm.alpha[a] * sm.x[1][a] * sk);
-  }
-  reinterpret_cast<float4*>(sm.red[0][warp])[lane] = part;
-  __syncthreads();
-  const float4 u = delta(sm, beta, lane);
+  const float4 v = reinterpret_cast<const float4*>(x[2])[lane];
+  u = make_float4(beta * (v.x - u.x), beta * (v.y - u.y), beta * (v.z - u.z), beta * (v.w - u.w));
   part = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-  for (int i = 0; i < ROWS; ++i) {  // pass 2: S <- diag(alpha) S + k u^T; o partial = S^T q
+  for (int i = 0; i < ROWS; ++i) {  // S += k u^T; o partial = S^T q; write S back
     const int a = warp * ROWS + i;
-    const float al = sm.alpha[a], ka = sm.x[1][a] * sk;
-    float4 s = Ss[a * (DV / 4) + lane];
-    s = make_float4(al * s.x + ka * u.x, al * s.y + ka * u.y, al * s.z + ka * u.z, al * s.w + ka * u.w);
-    fma4(part, s, sm.x[0][a] * sq);
-    Ss[a * (DV / 4) + lane] = s;
-  }
-  reinterpret_cast<float4*>(sm.red[1][warp])[lane] = part;
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the new state, visible to the bulk store
-  __syncthreads();
-  if (tid == 0) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n\tcp.async.bulk.commit_group;" ::"l"(
-                     Sg),
-                 "r"(smem_addr(Ss)), "r"(kStateBytes)
-                 : "memory");
-  }
-  epilogue(p, sm, h, b, go);
-  if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // Ss read before exit
-}
-
-#else
-__global__ void __launch_bounds__(NT, 2) kda_decode_kernel(const KdaDecodeParams p) {
-  __shared__ Smem sm;
-  const int h = blockIdx.x, b = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float4* Sg = reinterpret_cast<float4*>(state_of(p, h, b));
-  float4 s[ROWS];
-#pragma unroll
-  for (int i = 0; i < ROWS; ++i) s[i] = Sg[(warp * ROWS + i) * (DV / 4) + lane];
-  const float2 go = prologue(p, sm, h, b, conv_of(p, b));
-  const float sq = sm.scal[0], sk = sm.scal[1], beta = sm.scal[2];
-  float4 part = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int i = 0; i < ROWS; ++i) {
-    const int a = warp * ROWS + i;
-    const float al = sm.alpha[a];
-    s[i].x *= al, s[i].y *= al, s[i].z *= al, s[i].w *= al;
-    fma4(part, s[i], sm.x[1][a] * sk);
-  }
-  reinterpret_cast<float4*>(sm.red[0][warp])[lane] = part;
-  __syncthreads();
-  const float4 u = delta(sm, beta, lane);
-  part = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int i = 0; i < ROWS; ++i) {
-    const int a = warp * ROWS + i;
-    const float ka = sm.x[1][a] * sk;
+    const float ka = x[1][a] * sk, qa = x[0][a] * sq;
     s[i].x += ka * u.x, s[i].y += ka * u.y, s[i].z += ka * u.z, s[i].w += ka * u.w;
-    fma4(part, s[i], sm.x[0][a] * sq);
+    part.x += s[i].x * qa, part.y += s[i].y * qa, part.z += s[i].z * qa, part.w += s[i].w * qa;
     Sg[a * (DV / 4) + lane] = s[i];
   }
-  reinterpret_cast<float4*>(sm.red[1][warp])[lane] = part;
+  reinterpret_cast<float4*>(red[1][warp])[lane] = part;
   __syncthreads();
-  epilogue(p, sm, h, b, go);
+  // o = bf16(sum of partials); gated RMSNorm over the head's 128 values.
+  float o = 0.f;
+  if (tid < DV) {
+#pragma unroll
+    for (int w = 0; w < NW; ++w) o += red[1][w][tid];
+    o = round_bf16(o);
+    const float ss = warp_sum(o * o);
+    if (lane == 0) red[0][0][warp] = ss;
+  }
+  __syncthreads();
+  if (tid < DV) {
+    const float ms = (red[0][0][0] + red[0][0][1] + red[0][0][2] + red[0][0][3]) / float(DV);
+    const float gt = bf16f(p.gate[size_t(b) * H * DV + h * DV + tid]);
+    const float y = o * rsqrtf(ms + p.eps) * p.o_norm[tid] / (1.f + __expf(-gt));
+    p.out[size_t(b) * H * DV + h * DV + tid] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
+  }
 }
-#endif
+
+#endif  // !KDA_DECODE_SPLIT
+
+#if KDA_DECODE_SPLIT
+// Split version: a cluster of two CTAs per (head, sequence), CTA rank r owning the state columns
+// 64r .. 64r+63 (the recurrence is independent per column of V). Both compute the q, k conv; each its half
+// of v. The gated norm's mean over 128 columns adds the peer's half through distributed shared memory.
+// The window is rolled after a cluster barrier, once both CTAs have read it.
+namespace cg = cooperative_groups;
+constexpr int HV = DV / 2, RR = DK / (2 * NW);  // columns per CTA; rows per thread (8)
+
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(NT, 4)
+    kda_decode_split_kernel(const KdaDecodeParams p) {
+  __shared__ __align__(16) float x[3][DK];
+  __shared__ float alpha[DK];
+  __shared__ __align__(16) float red[2][2 * NW][HV];  // per (warp, half-warp) partial sums over 8 rows
+  __shared__ float scal[4];
+  __shared__ float ss_half;  // this CTA's sum of o^2 (read by the peer)
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = int(cluster.block_rank()), h = blockIdx.x >> 1, b = blockIdx.y;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, c4 = lane & 15, rg = 2 * warp + (lane >> 4);
+  const int H = p.n_head, HK = H * DK, slot = p.slot[b], c0 = HV * rank;
+  float4* Sg = reinterpret_cast<float4*>(p.S + (size_t(slot) * H + h) * DK * DV);
+  float4 s[RR];  // rows 16 warp + 2 i + lane / 16, columns c0 + 4 (lane % 16) .. + 3
+#pragma unroll
+  for (int i = 0; i < RR; ++i) s[i] = Sg[(16 * warp + 2 * i + (lane >> 4)) * (DV / 4) + c0 / 4 + c4];
+
+  uint16_t roll[2][3];  // the rolled window of this thread's channels, written at the end
+  for (int r = 0; r < 2; ++r) {
+    const int e = tid + NT * r;
+    if (e >= 2 * DK + HV) break;
+    const int m = e < DK ? 0 : (e < 2 * DK ? 1 : 2), c = m < 2 ? (e & (DK - 1)) : c0 + e - 2 * DK;
+    const int ch = h * DK + c;
+    const float4 w = reinterpret_cast<const float4*>(p.conv_w)[size_t(m) * HK + ch];
+    const uint16_t* win = p.conv + (size_t(slot) * 9 + m * 3) * HK + ch;
+    const uint16_t cur = p.qkv[(size_t(b) * 3 + m) * HK + ch];
+    const uint16_t w0 = win[0], w1 = win[HK], w2 = win[2 * HK];
+    float y = w.x * bf16f(w0) + w.y * bf16f(w1) + w.z * bf16f(w2) + w.w * bf16f(cur);
+    y = y / (1.f + __expf(-y));
+    x[m][c] = round_bf16(y);
+    roll[r][0] = w1, roll[r][1] = w2, roll[r][2] = cur;
+  }
+  if (tid < DK) {
+    const float A = __expf(p.A_log[h]);
+    const float z = bf16f(p.f[size_t(b) * HK + h * DK + tid]) + p.dt_bias[h * DK + tid];
+    alpha[tid] = __expf(p.g_lower / (1.f + __expf(-A * z)));
+  }
+  __syncthreads();
+  if (warp < 2) {
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) ss += x[warp][lane + 32 * j] * x[warp][lane + 32 * j];
+    ss = warp_sum(ss);
+    if (lane == 0) scal[warp] = rsqrtf(ss + 1e-6f) * (warp == 0 ? rsqrtf(float(DK)) : 1.f);
+  } else if (warp == 2 && lane == 0) {
+    scal[2] = 1.f / (1.f + __expf(-bf16f(p.b[size_t(b) * H + h])));
+  }
+  __syncthreads();
+  const float sq = scal[0], sk = scal[1], beta = scal[2];
+  float4 part = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int i = 0; i < RR; ++i) {
+    const int a = 16 * warp + 2 * i + (lane >> 4);
+    const float al = alpha[a], ka = x[1][a] * sk;
+    s[i].x *= al, s[i].y *= al, s[i].z *= al, s[i].w *= al;
+    part.x += s[i].x * ka, part.y += s[i].y * ka, part.z += s[i].z * ka, part.w += s[i].w * ka;
+  }
+  reinterpret_cast<float4*>(red[0][rg])[c4] = part;
+  __syncthreads();
+  float4 u = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int w = 0; w < 2 * NW; ++w) {
+    const float4 r = reinterpret_cast<const float4*>(red[0][w])[c4];
+    u.x += r.x, u.y += r.y, u.z += r.z, u.w += r.w;
+  }
+  const float4 v = reinterpret_cast<const float4*>(x[2] + c0)[c4];
+  u = make_float4(beta * (v.x - u.x), beta * (v.y - u.y), beta * (v.z - u.z), beta * (v.w - u.w));
+  part = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int i = 0; i < RR; ++i) {
+    const int a = 16 * warp + 2 * i + (lane >> 4);
+    const float ka = x[1][a] * sk, qa = x[0][a] * sq;
+    s[i].x += ka * u.x, s[i].y += ka * u.y, s[i].z += ka * u.z, s[i].w += ka * u.w;
+    part.x += s[i].x * qa, part.y += s[i].y * qa, part.z += s[i].z * qa, part.w += s[i].w * qa;
+    Sg[a * (DV / 4) + c0 / 4 + c4] = s[i];
+  }
+  reinterpret_cast<float4*>(red[1][rg])[c4] = part;
+  __syncthreads();
+  float o = 0.f;
+  if (tid < HV) {
+#pragma unroll
+    for (int w = 0; w < 2 * NW; ++w) o += red[1][w][tid];
+    o = round_bf16(o);
+    const float ss = warp_sum(o * o);
+    if (lane == 0) red[0][0][warp] = ss;
+  }
+  __syncthreads();
+  if (tid == 0) ss_half = red[0][0][0] + red[0][0][1];
+  cluster.sync();  // both halves' sums visible; both CTAs are done reading the conv window
+  const float ss_peer = *cluster.map_shared_rank(&ss_half, rank ^ 1);
+  for (int r = 0; r < 2; ++r) {  // roll the window: q, k by rank 0, each rank its half of v
+    const int e = tid + NT * r;
+    if (e >= 2 * DK + HV || (e < 2 * DK && rank != 0)) continue;
+    const int m = e < DK ? 0 : (e < 2 * DK ? 1 : 2), c = m < 2 ? (e & (DK - 1)) : c0 + e - 2 * DK;
+    uint16_t* win = p.conv + (size_t(slot) * 9 + m * 3) * HK + h * DK + c;
+    win[0] = roll[r][0], win[HK] = roll[r][1], win[2 * HK] = roll[r][2];
+  }
+  if (tid < HV) {
+    const float ms = (ss_half + ss_peer) / float(DV);
+    const int c = c0 + tid;
+    const float gt = bf16f(p.gate[size_t(b) * H * DV + h * DV + c]);
+    const float y = o * rsqrtf(ms + p.eps) * p.o_norm[c] / (1.f + __expf(-gt));
+    p.out[size_t(b) * H * DV + h * DV + c] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
+  }
+  cluster.sync();  // the peer has read ss_half before this CTA's shared memory goes away
+}
+
+#endif  // KDA_DECODE_SPLIT
 
 }  // namespace
+
+// kda_fast_decode_tma.cu (not yet run on a GPU).
+Status kda_decode_fast_tma_cuda(const KdaDecodeParams& p, GpuContext& g);
 
 Status kda_decode_fast_cuda(const KdaDecodeParams& p, GpuContext& g) {
   Status st = kda_decode_fast_check(p);
   if (!st.ok()) return st;
-  const dim3 grid(unsigned(p.n_head), unsigned(p.n_seq));
-#if KDA_DECODE_TMA
-  // 64 KB of dynamic shared memory needs the opt-in: once per device (a host-side attribute, not a stream
-  // operation; the first call is normally an eager one, before any graph capture).
-  static std::atomic<bool> opted_in[64] = {};
-  int dev = 0;
-  K3_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev >= 64 || !opted_in[dev].load()) {
-    K3_CUDA_CHECK(
-        cudaFuncSetAttribute(kda_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStateBytes)));
-    if (dev < 64) opted_in[dev] = true;
-  }
-  kda_decode_kernel<<<grid, NT, kStateBytes, g.stream>>>(p);
+  static const bool tma_asked = [] {
+    const char* e = std::getenv("K3_KDA_DECODE_TMA");
+    return e && e[0] == '1';
+  }();
+  const bool extended = p.S_seq || p.conv_seq || p.conv_w_k || p.softplus_gate || p.q_out || p.g_out || p.o_out;
+  if (extended || tma_asked) return kda_decode_fast_tma_cuda(p, g);
+#if KDA_DECODE_SPLIT
+  const dim3 grid(2 * unsigned(p.n_head), unsigned(p.n_seq));
+  kda_decode_split_kernel<<<grid, NT, 0, g.stream>>>(p);
 #else
+  const dim3 grid(unsigned(p.n_head), unsigned(p.n_seq));
   kda_decode_kernel<<<grid, NT, 0, g.stream>>>(p);
 #endif
   K3_CUDA_CHECK(cudaGetLastError());
