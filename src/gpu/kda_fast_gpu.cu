@@ -1,8 +1,9 @@
 // kda_fast_gpu.cu: the KDA token mixer on the fast bf16 kernels (ops/kda_fast.h), bf16 mode, K = V = 128,
 // conv width 4. OPT-IN (K3_KDA_FAST=1, read when a sequence state is made): compiles, NOT YET RUN ON A GPU
-// (tests/cpp/test_gpu_kda_fast.cpp is what the next device call must pass); the default is kda_gpu.cu; the same equations, rounding points and trace names as kda_gpu.cu's generic path
-// (model/kda.cpp, MODEL.md §4). The conv window is kept in bf16 (KdaStateGpu::conv16): exact, since the
-// pre-conv rows q~, k~, v~ are a bf16 rounding point.
+// (tests/cpp/test_gpu_kda_fast.cpp is what the next device call must pass); the default is kda_gpu.cu. The
+// same equations, rounding points and trace names as kda_gpu.cu's generic path (model/kda.cpp, MODEL.md §4).
+// The conv window is kept in bf16 (KdaStateGpu::conv16): exact, since the pre-conv rows q~, k~, v~ are a bf16
+// rounding point.
 //
 //   projections (linear, bf16 rounding point) for every row, then per sequence:
 //   1 token   kda_decode_fast_cuda, all such sequences in one launch: conv + SiLU + roll, l2norm, gate, beta,
@@ -73,7 +74,8 @@ __global__ void scatter_rows_kernel(float* dst, const T* src, const int64_t* row
   dst[rows ? rows[i / d] * d + i % d : i] = v;
 }
 
-// Short conv of one sequence's rows over [bf16 window (3 rows) | x rows], SiLU, bf16 (blockIdx.y = q / k / v).
+// Short conv of one sequence's rows over [bf16 window (3 rows) | x rows], SiLU, bf16 (blockIdx.y = q / k /
+// v).
 struct ConvArgs {
   const float* x[3];
   float* y[3];
@@ -108,8 +110,8 @@ __global__ void roll16_kernel(ConvArgs a) {
 }
 
 // g <- gate(g + dt_bias) (K3: lb sigmoid(A z); KL: -A softplus(z)), A = exp(A_log[h]); rows of one sequence.
-__global__ void gate16_kernel(float* g, const float* dt_bias, const float* A_log, int64_t n, int H, bool lb_form,
-                              float lb) {
+__global__ void gate16_kernel(float* g, const float* dt_bias, const float* A_log, int64_t n, int H,
+                              bool lb_form, float lb) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n * H * K) return;
   const int64_t hk = i % (int64_t(H) * K);
@@ -129,8 +131,8 @@ __global__ void to_bf16_kernel(Bf16Args a) {
 }
 
 // One warp per (token, head): y = o rsqrt(mean(o^2) + eps) w sigmoid(gate), bf16.
-__global__ void gated_norm16_kernel(const float* o, const float* gate, const float* w, float* y, int64_t n_row,
-                                    float eps) {
+__global__ void gated_norm16_kernel(const float* o, const float* gate, const float* w, float* y,
+                                    int64_t n_row, float eps) {
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= n_row) return;
@@ -145,9 +147,9 @@ __global__ void gated_norm16_kernel(const float* o, const float* gate, const flo
 
 }  // namespace
 
-Status kda_forward_fast_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeightsGpu& w, const KdaExec& ex,
-                            std::span<const KdaSeqGpu> seqs, const float* x, int64_t n_tok, float* out,
-                            int layer) {
+Status kda_forward_fast_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeightsGpu& w,
+                            const KdaExec& ex, std::span<const KdaSeqGpu> seqs, const float* x, int64_t n_tok,
+                            float* out, int layer) {
   const int64_t H = cfg.kda.n_head, HK = H * K;
 #ifdef NDEBUG
   const bool tracing = c.trace && *c.trace;
@@ -157,7 +159,8 @@ Status kda_forward_fast_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWe
   const bool lb_form = cfg.kda.has_gate_lower_bound;
   const bool fast_prefill = lb_form && cfg.kda.gate_lower_bound >= -5.f && !ex.recurrent;
   DevBuf qt, kt, vt, q, k, v, bt, fa, g, o, y, gate;
-  for (DevBuf* b : {&qt, &kt, &vt, &q, &k, &v, &g, &o, &y, &gate}) K3_RETURN_IF_ERROR(b->alloc(c, n_tok * HK));
+  for (DevBuf* b : {&qt, &kt, &vt, &q, &k, &v, &g, &o, &y, &gate})
+    K3_RETURN_IF_ERROR(b->alloc(c, n_tok * HK));
   K3_RETURN_IF_ERROR(bt.alloc(c, n_tok * H));
   linear(c, w.q_proj, x, n_tok, qt.f());
   linear(c, w.k_proj, x, n_tok, kt.f());
@@ -203,8 +206,20 @@ Status kda_forward_fast_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWe
     K3_RETURN_IF_ERROR(gate16.alloc_bytes(c, size_t(nd * HK) * 2));
     K3_RETURN_IF_ERROR(out16.alloc_bytes(c, size_t(nd * HK) * 2));
     K3_RETURN_IF_ERROR(b16.alloc_bytes(c, size_t(nd * H) * 2));
-    PackArgs pa{qt.f(), kt.f(), vt.f(), g.f(), bt.f(), gate.f(), drows, qkv16.as<uint16_t>(),
-                f16.as<uint16_t>(), b16.as<uint16_t>(), gate16.as<uint16_t>(), nd, HK, H};
+    PackArgs pa{qt.f(),
+                kt.f(),
+                vt.f(),
+                g.f(),
+                bt.f(),
+                gate.f(),
+                drows,
+                qkv16.as<uint16_t>(),
+                f16.as<uint16_t>(),
+                b16.as<uint16_t>(),
+                gate16.as<uint16_t>(),
+                nd,
+                HK,
+                H};
     pack_kernel<<<blocks_for(nd * HK), kThreads, 0, c.stream()>>>(pa);
     KdaDecodeParams p;
     p.n_seq = int(nd), p.n_head = int(H);
@@ -217,7 +232,8 @@ Status kda_forward_fast_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWe
     p.conv_seq = reinterpret_cast<uint16_t* const*>(tab.as<uint64_t>() + 2 * nd);
     if (tracing) {  // the intermediates, scattered into the full arrays below
       K3_RETURN_IF_ERROR(dbg.alloc(c, nd * (5 * HK + H)));
-      p.q_out = dbg.f(), p.k_out = p.q_out + nd * HK, p.v_out = p.k_out + nd * HK, p.g_out = p.v_out + nd * HK;
+      p.q_out = dbg.f(), p.k_out = p.q_out + nd * HK, p.v_out = p.k_out + nd * HK,
+      p.g_out = p.v_out + nd * HK;
       p.o_out = p.g_out + nd * HK, p.beta_out = p.o_out + nd * HK;
     }
     K3_RETURN_IF_ERROR(kda_decode_fast_cuda(p, *c.g));
@@ -228,7 +244,8 @@ Status kda_forward_fast_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWe
           {q.f(), p.q_out}, {k.f(), p.k_out}, {v.f(), p.v_out}, {g.f(), p.g_out}, {o.f(), p.o_out}};
       for (const auto& [dst, src] : to)
         scatter_rows_kernel<float><<<nb, kThreads, 0, c.stream()>>>(dst, src, drows, nd, HK);
-      scatter_rows_kernel<float><<<blocks_for(nd * H), kThreads, 0, c.stream()>>>(bt.f(), p.beta_out, drows, nd, H);
+      scatter_rows_kernel<float>
+          <<<blocks_for(nd * H), kThreads, 0, c.stream()>>>(bt.f(), p.beta_out, drows, nd, H);
     }
   }
 
@@ -236,8 +253,12 @@ Status kda_forward_fast_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWe
   for (const KdaSeqGpu& s : seqs) {
     if (s.n_tok <= 1) continue;
     const int64_t r = s.row0 * HK, n = s.n_tok;
-    ConvArgs a{{qt.f() + r, kt.f() + r, vt.f() + r}, {q.f() + r, k.f() + r, v.f() + r},
-               {w.q_conv, w.k_conv, w.v_conv}, s.st->conv16, n, HK};
+    ConvArgs a{{qt.f() + r, kt.f() + r, vt.f() + r},
+               {q.f() + r, k.f() + r, v.f() + r},
+               {w.q_conv, w.k_conv, w.v_conv},
+               s.st->conv16,
+               n,
+               HK};
     conv16_kernel<<<dim3(blocks_for(n * HK), 3), kThreads, 0, c.stream()>>>(a);
     roll16_kernel<<<dim3(blocks_for(HK), 3), kThreads, 0, c.stream()>>>(a);
     L2NormParams lq;
@@ -251,7 +272,7 @@ Status kda_forward_fast_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWe
     sp.n_row = n, sp.d = H, sp.x = sp.y = bt.f() + s.row0 * H;
     sigmoid_cuda(sp, *c.g);
     gate16_kernel<<<blocks_for(n * HK), kThreads, 0, c.stream()>>>(g.f() + r, w.dt_bias, w.A_log, n, int(H),
-                                                                    lb_form, cfg.kda.gate_lower_bound);
+                                                                   lb_form, cfg.kda.gate_lower_bound);
     bool done = false;
     if (fast_prefill) {
       DevBuf in16, o16, cu;
@@ -262,15 +283,16 @@ Status kda_forward_fast_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWe
       K3_CUDA_CHECK(cudaMemcpyAsync(cu.f(), cuh, 8, cudaMemcpyHostToDevice, c.stream()));
       uint16_t* b16p = in16.as<uint16_t>();
       Bf16Args ba{{q.f() + r, k.f() + r, v.f() + r, g.f() + r},
-                  {b16p, b16p + n * HK, b16p + 2 * n * HK, b16p + 3 * n * HK}, n * HK};
+                  {b16p, b16p + n * HK, b16p + 2 * n * HK, b16p + 3 * n * HK},
+                  n * HK};
       to_bf16_kernel<<<dim3(blocks_for(n * HK), 4), kThreads, 0, c.stream()>>>(ba);
       KdaPrefillParams pp;
       pp.n_seq = 1, pp.n_tok = n, pp.n_head = int(H), pp.cu_seqlens = cu.as<int>();
       pp.q = ba.dst[0], pp.k = ba.dst[1], pp.v = ba.dst[2], pp.g = ba.dst[3], pp.beta = bt.f() + s.row0 * H;
       pp.S = s.st->S, pp.o = o16.as<uint16_t>();
       if (kda_prefill_fast_cuda(pp, *c.g).ok()) {  // else (e.g. too small a workspace): the generic kernel
-        scatter_rows_kernel<uint16_t><<<blocks_for(n * HK), kThreads, 0, c.stream()>>>(o.f() + r, pp.o, nullptr,
-                                                                                        n * HK, 1);
+        scatter_rows_kernel<uint16_t>
+            <<<blocks_for(n * HK), kThreads, 0, c.stream()>>>(o.f() + r, pp.o, nullptr, n * HK, 1);
         done = true;
       }
     }
@@ -285,8 +307,8 @@ Status kda_forward_fast_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWe
         kda_chunk_cuda(p, *c.g);
       c.rnd(o.f() + r, n * HK);
     }
-    gated_norm16_kernel<<<blocks_for(n * H * 32), kThreads, 0, c.stream()>>>(o.f() + r, gate.f() + r, w.o_norm,
-                                                                               y.f() + r, n * H, cfg.rms_norm_eps);
+    gated_norm16_kernel<<<blocks_for(n * H * 32), kThreads, 0, c.stream()>>>(
+        o.f() + r, gate.f() + r, w.o_norm, y.f() + r, n * H, cfg.rms_norm_eps);
   }
   c.cb("kda_q", layer, q.f(), n_tok * HK);
   c.cb("kda_k", layer, k.f(), n_tok * HK);

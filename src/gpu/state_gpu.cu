@@ -1,8 +1,8 @@
 // state_gpu.cu: per-sequence state on the device (model_gpu.h GpuSeqState), the twin of model/state.cpp.
 //
 //   KDA layers: S [H, K, V] and the conv window [3, W-1, H*K], all layers in one allocation, zeroed at start;
-//               the window is bf16 (conv16) when the fast kernels run (bf16 mode, K = V = 128, W = 4; exact, as
-//               the pre-conv rows are a bf16 rounding point), fp32 otherwise. Opt-in: K3_KDA_FAST=1 (the
+//               the window is bf16 (conv16) when the fast kernels run (bf16 mode, K = V = 128, W = 4; exact,
+//               as the pre-conv rows are a bf16 rounding point), fp32 otherwise. Opt-in: K3_KDA_FAST=1 (the
 //               fast path has not yet run on a GPU).
 //   MLA layers: latent rows [cap, d_latent] (+ DSA index keys [cap, Di]), grown by doubling before a call
 // Copies to and from a host SeqState use the same layouts, so a sequence can move between CPU and GPU.

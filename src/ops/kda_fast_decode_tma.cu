@@ -6,9 +6,9 @@
 // One CTA (8 warps) per (head, sequence); the state S[slot][h] [128, 128] fp32 (64 KB, contiguous) is read
 // once, updated and written back once, in place:
 //   conv window + current pre-conv input -> SiLU -> bf16;  q, k l2norm (q * K^-1/2);  alpha = exp(g),
-//   g = g_lower sigmoid(exp(A_log) (f + dt_bias))  (KL: -exp(A_log) softplus(f + dt_bias));  beta = sigmoid(b)
-//   S <- diag(alpha) S;  u = beta (v - S^T k);  S <- S + k u^T;  o = bf16(S^T q)
-//   out = o rsqrt(mean(o^2) + eps) w_onorm sigmoid(gate)
+//   g = g_lower sigmoid(exp(A_log) (f + dt_bias))  (KL: -exp(A_log) softplus(f + dt_bias));  beta =
+//   sigmoid(b) S <- diag(alpha) S;  u = beta (v - S^T k);  S <- S + k u^T;  o = bf16(S^T q) out = o
+//   rsqrt(mean(o^2) + eps) w_onorm sigmoid(gate)
 // Thread (warp w, lane l) owns rows 16w .. 16w+15, columns 4l .. 4l+3; sums over the 128 rows go through
 // shared memory, one partial per warp. Every small input (f, b, gate, weights) is loaded at the start.
 //
@@ -78,7 +78,8 @@ __device__ inline float2 prologue(const KdaDecodeParams& p, Smem& sm, int h, int
   }
   for (int e = tid; e < 3 * DK; e += NT) {  // short conv (width 4) over [x_{t-3}, x_{t-2}, x_{t-1}] and x_t
     const int m = e / DK, c = e % DK, ch = h * DK + c;
-    const float* cw = m == 0 || !p.conv_w_k ? p.conv_w + size_t(m) * HK * 4 : (m == 1 ? p.conv_w_k : p.conv_w_v);
+    const float* cw =
+        m == 0 || !p.conv_w_k ? p.conv_w + size_t(m) * HK * 4 : (m == 1 ? p.conv_w_k : p.conv_w_v);
     const float4 w = reinterpret_cast<const float4*>(cw)[ch];
     uint16_t* win = conv + size_t(m) * 3 * HK + ch;
     const uint16_t cur = p.qkv[(size_t(b) * 3 + m) * HK + ch];
@@ -181,7 +182,8 @@ __global__ void __launch_bounds__(NT, KDA_DECODE_CTAS) kda_decode_kernel(const K
   uint32_t done = 0;
   while (!done)
     asm volatile(
-        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\tselp.u32 %0, 1, 0, "
+        "p;\n\t}"
         : "=r"(done)
         : "r"(bar)
         : "memory");
@@ -208,10 +210,11 @@ __global__ void __launch_bounds__(NT, KDA_DECODE_CTAS) kda_decode_kernel(const K
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the new state, visible to the bulk store
   __syncthreads();
   if (tid == 0) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n\tcp.async.bulk.commit_group;" ::"l"(
-                     Sg),
-                 "r"(smem_addr(Ss)), "r"(kStateBytes)
-                 : "memory");
+    asm volatile(
+        "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n\tcp.async.bulk.commit_group;" ::"l"(
+            Sg),
+        "r"(smem_addr(Ss)), "r"(kStateBytes)
+        : "memory");
   }
   epilogue(p, sm, h, b, go);
   if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // Ss read before exit
@@ -265,8 +268,8 @@ Status kda_decode_fast_tma_cuda(const KdaDecodeParams& p, GpuContext& g) {
   int dev = 0;
   K3_CUDA_CHECK(cudaGetDevice(&dev));
   if (dev >= 64 || !opted_in[dev].load()) {
-    K3_CUDA_CHECK(
-        cudaFuncSetAttribute(kda_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStateBytes)));
+    K3_CUDA_CHECK(cudaFuncSetAttribute(kda_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(kStateBytes)));
     if (dev < 64) opted_in[dev] = true;
   }
   kda_decode_kernel<<<grid, NT, kStateBytes, g.stream>>>(p);

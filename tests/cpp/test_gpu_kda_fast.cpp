@@ -264,7 +264,8 @@ TEST_P(GpuKdaFast, BatchAndStateMove) {
     }
     ASSERT_TRUE((*gpu)->forward(**alone, toks[i].data(), int64_t(toks[i].size()), &lg, false).ok());
     const double e = nmse(last[i], lg);  // the batch's projections sum in another order (GEMM vs GEMV)
-    std::printf("[ %s wide-KDA: sequence %zu in a mixed batch vs alone, logits NMSE %.3g ]\n", GetParam(), i, e);
+    std::printf("[ %s wide-KDA: sequence %zu in a mixed batch vs alone, logits NMSE %.3g ]\n", GetParam(), i,
+                e);
     EXPECT_LE(e, 2e-3) << "sequence " << i << " in the batch vs alone";
   }
   // Sequence 0 (prefill, then one decode step) to the CPU and back: the uploaded copy continues exactly as
@@ -282,7 +283,8 @@ TEST_P(GpuKdaFast, BatchAndStateMove) {
   ASSERT_TRUE((*gpu)->forward(**g2, &next, 1, &l2, false).ok());
   EXPECT_EQ(nmse(l2, lg), 0.0) << "uploaded state vs the GPU's own";
   const double e_cpu = nmse(lg, lc);
-  std::printf("[ %s wide-KDA: next-token logits GPU vs CPU on a moved state NMSE %.3g ]\n", GetParam(), e_cpu);
+  std::printf("[ %s wide-KDA: next-token logits GPU vs CPU on a moved state NMSE %.3g ]\n", GetParam(),
+              e_cpu);
   EXPECT_LE(e_cpu, 5e-3) << "GPU vs CPU continuing the same state (bf16, end to end over 4 layers)";
 }
 

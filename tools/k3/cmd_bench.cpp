@@ -18,10 +18,10 @@
 // or $K3_COMMIT), machine ($K3_MACHINE or host + CPU), metric, value, unit, peer, peer_value, ratio, goal,
 // met.
 // --device cuda: the ceiling is the device's copy bandwidth (a 1 GiB device-to-device copy, bytes read +
-// written, median of 10, measured in the same run), and every test gets a byte floor: decode step = bytes/step
-// above / copy bandwidth; prefill = (weights + the state after the prompt) / copy bandwidth. ratio = floor /
-// measured time (1 = at the floor). The KDA path (fast bf16 kernels or the generic exact ones) is printed.
-// (The --device cuda floors are new in session 3 and have not yet run on a GPU.)
+// written, median of 10, measured in the same run), and every test gets a byte floor: decode step =
+// bytes/step above / copy bandwidth; prefill = (weights + the state after the prompt) / copy bandwidth. ratio
+// = floor / measured time (1 = at the floor). The KDA path (fast bf16 kernels or the generic exact ones) is
+// printed. (The --device cuda floors are new in session 3 and have not yet run on a GPU.)
 #include <unistd.h>
 
 #include <algorithm>
@@ -176,12 +176,13 @@ Status run(const BenchArgs& a) {
   std::vector<float> logits;
   std::string kda = "cpu";
   double copy_bw = 0;  // --device cuda
-  if (l.gpu) {  // (new in session 3, not yet run on a GPU: a failure only drops the floors)
+  if (l.gpu) {         // (new in session 3, not yet run on a GPU: a failure only drops the floors)
     Result<double> cb = device_copy_bandwidth();
     if (cb.ok())
       copy_bw = *cb;
     else
-      std::fprintf(stderr, "k3 bench: device copy bandwidth not measured: %s\n", cb.status().message().c_str());
+      std::fprintf(stderr, "k3 bench: device copy bandwidth not measured: %s\n",
+                   cb.status().message().c_str());
   }
   {  // warm-up: page in the weights, start the threads
     K3_ASSIGN_OR_RETURN(auto s, new_sequence(l));
@@ -252,14 +253,16 @@ Status run(const BenchArgs& a) {
   if (copy_bw > 0) {
     std::printf("device copy bandwidth: %.1f GB/s (1 GiB device-to-device, read + write); KDA: %s\n",
                 copy_bw / 1e9, kda.c_str());
-    std::printf("byte floor per call (prefill) or step (decode) at that bandwidth; ratio = floor / measured:\n");
+    std::printf(
+        "byte floor per call (prefill) or step (decode) at that bandwidth; ratio = floor / measured:\n");
     for (const Row& r : rows)
       std::printf("  %-8s b%-3d %10.3f ms measured, floor %8.3f ms, ratio %.3f\n", r.test.c_str(), r.batch,
                   r.ms_step, r.floor_ms, r.floor_ms / r.ms_step);
   }
   std::printf("| %-8s | %5s | %12s | %10s | %12s | %8s | %8s | %6s |\n", "test", "batch", "tokens/s",
               "ms/step", "bytes/step", "GB/s", "% of bw", "cpu %");
-  std::printf("|----------|-------|--------------|------------|--------------|----------|----------|--------|\n");
+  std::printf(
+      "|----------|-------|--------------|------------|--------------|----------|----------|--------|\n");
   for (const Row& r : rows) {
     if (r.frac < 0)
       std::printf("| %-8s | %5d | %12.2f | %10.3f | %12s | %8s | %8s | %5.1f%% |\n", r.test.c_str(), r.batch,
@@ -278,8 +281,8 @@ Status run(const BenchArgs& a) {
     std::string model = a.model.dir;
     while (model.size() > 1 && model.back() == '/') model.pop_back();
     model = model.substr(model.find_last_of('/') + 1);
-    const std::string cfg = " " + model + " " + a.model.precision + " t" + std::to_string(threads) +
-                            (l.gpu ? " cuda" : "");
+    const std::string cfg =
+        " " + model + " " + a.model.precision + " t" + std::to_string(threads) + (l.gpu ? " cuda" : "");
     auto line = [&](const std::string& metric, double value, const char* unit) {
       nlohmann::ordered_json j = {{"bench", a.bench}, {"commit", commit},      {"machine", machine},
                                   {"metric", metric}, {"value", value},        {"unit", unit},
@@ -292,9 +295,10 @@ Status run(const BenchArgs& a) {
       out << line("device copy bandwidth" + cfg, copy_bw / 1e9, "GB/s").dump() << "\n";
       for (const Row& r : rows) {  // time per call / step against its byte floor
         const bool dec = r.frac >= 0;
-        nlohmann::ordered_json j = line((dec ? "decode ms/step " : "prefill ms ") + r.test + " b" +
-                                            std::to_string(r.batch) + cfg + " kda:" + kda.substr(0, kda.find(' ')),
-                                        r.ms_step, "ms");
+        nlohmann::ordered_json j =
+            line((dec ? "decode ms/step " : "prefill ms ") + r.test + " b" + std::to_string(r.batch) + cfg +
+                     " kda:" + kda.substr(0, kda.find(' ')),
+                 r.ms_step, "ms");
         j["peer"] = "byte floor (weights + state bytes / device copy bandwidth)";
         j["peer_value"] = r.floor_ms;
         j["ratio"] = r.floor_ms / r.ms_step;
