@@ -114,7 +114,8 @@ void check(Setup& s, Kernel k, GpuContext& g, const char* name, const std::vecto
   for (int b : seqs)
     for (int h : heads) {
       MlaDecodeParams r = s.p;  // one (seq, head): a 1-seq, 1-head view
-      std::vector<uint16_t> qh(q.begin() + (size_t(b) * H + h) * kMlaRow, q.begin() + (size_t(b) * H + h + 1) * kMlaRow);
+      std::vector<uint16_t> qh(q.begin() + (size_t(b) * H + h) * kMlaRow,
+                               q.begin() + (size_t(b) * H + h + 1) * kMlaRow);
       std::vector<float> o(kMlaLatent);
       r.n_seq = 1, r.n_head = 1, r.n_split = 0;
       r.ctx_len = &s.lens[size_t(b)], r.block_table = &s.table[size_t(b) * s.p.max_pages];

@@ -4,7 +4,8 @@
 // 1. the ceiling: the bf16 GEMM rate (cublasGemmEx 8192^3, median of 10), peer of every ratio.
 // 2. correctness: (query, head) pairs of every timed shape against the fp64 host reference
 //    mla_prefill_ref (NMSE <= 1e-5), plus a 300-token, 96-head shape after a 77-token prefix in full.
-// 3. timing: 96 heads, q = k = 192, v = 128, the model's layout (k_nope | v interleaved per head, the rope key
+// 3. timing: 96 heads, q = k = 192, v = 128, the model's layout (k_nope | v interleaved per head, the rope
+// key
 //    shared from the 576-wide latent row), n_q = 4096 and 32768 from position 0: median of 5 (32K) or 20
 //    calls; causal FLOPs = 96 * n_q (n_q + 1) / 2 * (192 + 128) * 2; TFLOP/s and the ratio to the GEMM rate.
 // Build: bash bench/mla_cuda/build.sh.
@@ -88,7 +89,8 @@ void check(Setup& s, GpuContext& g, const std::vector<int>& rows, const std::vec
       for (int i = 0; i < kMlaPrefillV; ++i) {
         const float y = out[(size_t(t) * s.H + h) * kMlaPrefillV + i];
         finite = finite && std::isfinite(y);
-        err2 += (double(y) - o[size_t(i)]) * (double(y) - o[size_t(i)]), ref2 += double(o[size_t(i)]) * o[size_t(i)];
+        err2 += (double(y) - o[size_t(i)]) * (double(y) - o[size_t(i)]),
+            ref2 += double(o[size_t(i)]) * o[size_t(i)];
       }
     }
   const bool ok = finite && err2 / ref2 <= 1e-5;
@@ -131,7 +133,8 @@ int main(int argc, char** argv) {
     }
     CK(cudaEventSynchronize(ev[size_t(iters)]));
     std::vector<float> ms(static_cast<size_t>(iters));
-    for (int i = 0; i < iters; ++i) CK(cudaEventElapsedTime(&ms[size_t(i)], ev[size_t(i)], ev[size_t(i) + 1]));
+    for (int i = 0; i < iters; ++i)
+      CK(cudaEventElapsedTime(&ms[size_t(i)], ev[size_t(i)], ev[size_t(i) + 1]));
     for (auto& e : ev) CK(cudaEventDestroy(e));
     std::sort(ms.begin(), ms.end());
     const double us = ms[size_t(iters) / 2] * 1e3;

@@ -13,28 +13,29 @@
 
 #include "core/gpu.h"
 
-#define CK(call)                                                                                 \
-  do {                                                                                           \
-    cudaError_t e_ = (call);                                                                     \
-    if (e_ != cudaSuccess) {                                                                     \
+#define CK(call)                                                                                          \
+  do {                                                                                                    \
+    cudaError_t e_ = (call);                                                                              \
+    if (e_ != cudaSuccess) {                                                                              \
       std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
+      std::exit(1);                                                                                       \
+    }                                                                                                     \
   } while (0)
 
 inline std::string g_bench = "mla_cuda", g_out, g_commit = "unknown", g_machine = "NVIDIA H200";
 inline int g_fail = 0;
 
 inline void emit(const std::string& metric, double value, const std::string& unit, const char* peer = nullptr,
-          double peer_value = 0, const char* goal = nullptr, double goal_ratio = 0) {
+                 double peer_value = 0, const char* goal = nullptr, double goal_ratio = 0) {
   char line[1024];
   const double ratio = peer ? value / peer_value : 0;
   std::snprintf(line, sizeof line,
                 "{\"bench\": \"%s\", \"commit\": \"%s\", \"machine\": \"%s\", \"metric\": \"%s\", "
                 "\"value\": %.6g, \"unit\": \"%s\", \"peer\": %s%s%s, \"peer_value\": %s, \"ratio\": %s, "
                 "\"goal\": %s%s%s, \"met\": %s}",
-                g_bench.c_str(), g_commit.c_str(), g_machine.c_str(), metric.c_str(), value, unit.c_str(), peer ? "\"" : "",
-                peer ? peer : "null", peer ? "\"" : "", peer ? std::to_string(peer_value).c_str() : "null",
+                g_bench.c_str(), g_commit.c_str(), g_machine.c_str(), metric.c_str(), value, unit.c_str(),
+                peer ? "\"" : "", peer ? peer : "null", peer ? "\"" : "",
+                peer ? std::to_string(peer_value).c_str() : "null",
                 peer ? std::to_string(ratio).c_str() : "null", goal ? "\"" : "", goal ? goal : "null",
                 goal ? "\"" : "", goal ? (ratio >= goal_ratio ? "true" : "false") : "null");
   std::printf("%s\n", line);
@@ -67,8 +68,8 @@ inline double gemm_tflops(k3::GpuContext& g) {
   cublasSetStream(h, g.stream);
   const float one = 1.f, zero = 0.f;
   auto run = [&] {
-    return cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n, &zero,
-                        c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n,
+                        &zero, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   };
   std::vector<float> ms(10);
   cudaEvent_t e0, e1;
@@ -116,4 +117,3 @@ inline double copy_bandwidth(k3::GpuContext& g) {
   emit("copy_GBps", gbps, "GB/s");
   return gbps;
 }
-

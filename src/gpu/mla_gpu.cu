@@ -82,7 +82,8 @@ __global__ void to_bf16_kernel(uint16_t* y, const float* x, int64_t n) {
 }
 
 // ctx_len[t] = n0 + t + 1 (t < n_tok); table[t, j] = j (j < n_pages): every query row shares the pages.
-__global__ void decode_table_kernel(int32_t* ctx_len, int32_t* table, int64_t n_tok, int n_pages, int64_t n0) {
+__global__ void decode_table_kernel(int32_t* ctx_len, int32_t* table, int64_t n_tok, int n_pages,
+                                    int64_t n0) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n_tok) ctx_len[i] = int32_t(n0 + i + 1);
   if (i < n_tok * n_pages) table[i] = int32_t(i % n_pages);
@@ -95,8 +96,8 @@ Status to_bf16(const GpuCtx& c, const float* x, int64_t n, DevBuf* y) {
 }
 
 // Absorbed attention of one sequence's n_tok queries qs [n_tok, nh, 576] over latent [n_ctx, 576] -> zs.
-Status decode_fast(const GpuCtx& c, const float* qs, const float* latent, int64_t n_tok, int64_t n_past, int nh,
-                   float scale, float* zs) {
+Status decode_fast(const GpuCtx& c, const float* qs, const float* latent, int64_t n_tok, int64_t n_past,
+                   int nh, float scale, float* zs) {
   constexpr int P = 64;
   const int64_t n_ctx = n_past + n_tok;
   const int n_pages = int((n_ctx + P - 1) / P);
@@ -203,8 +204,8 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
       K3_RETURN_IF_ERROR(kvb.alloc(c, n_ctx * nh * wkv));
       linear(c, w.kv_b_proj, st.latent, n_ctx, kvb.f(), true, false, /*ldx=*/dl);  // [n_ctx, nh * wkv]
       if (fast_prefill && !sparse) {
-        K3_RETURN_IF_ERROR(prefill_fast(c, q.f() + s.row0 * nh * dqk, kvb.f(), st.latent, s.n_tok, s.n_past, nh, R,
-                                        scale, z.f() + s.row0 * nh * dv));
+        K3_RETURN_IF_ERROR(prefill_fast(c, q.f() + s.row0 * nh * dqk, kvb.f(), st.latent, s.n_tok, s.n_past,
+                                        nh, R, scale, z.f() + s.row0 * nh * dv));
         continue;
       }
       K3_RETURN_IF_ERROR(K.alloc(c, n_ctx * nh * dqk));

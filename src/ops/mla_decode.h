@@ -28,23 +28,23 @@
 
 namespace k3 {
 
-inline constexpr int kMlaLatent = 512;  // kv_lora_rank: c_t and out width
-inline constexpr int kMlaRope = 64;     // qk_rope_head_dim
+inline constexpr int kMlaLatent = 512;                 // kv_lora_rank: c_t and out width
+inline constexpr int kMlaRope = 64;                    // qk_rope_head_dim
 inline constexpr int kMlaRow = kMlaLatent + kMlaRope;  // 576 bf16 per token per layer
 
 struct MlaDecodeParams {
   int n_seq = 0, n_head = 0;
-  int page_size = 0;      // P tokens per page
-  int max_pages = 0;      // block_table row length
-  int64_t n_pages = 0;    // pages in the pool
-  int max_ctx = 0;        // host-known bound on every ctx_len[b] (sizes the kv splits)
+  int page_size = 0;                     // P tokens per page
+  int max_pages = 0;                     // block_table row length
+  int64_t n_pages = 0;                   // pages in the pool
+  int max_ctx = 0;                       // host-known bound on every ctx_len[b] (sizes the kv splits)
   const int32_t* ctx_len = nullptr;      // [n_seq]
   const int32_t* block_table = nullptr;  // [n_seq, max_pages]
   const uint16_t* cache = nullptr;       // bf16 [n_pages, page_size, 576]
   const uint16_t* q = nullptr;           // bf16 [n_seq, n_head, 576]
   float scale = 1.f;
-  float* out = nullptr;                  // [n_seq, n_head, 512]
-  int n_split = 0;  // cuda: kv splits per sequence, 0 = chosen from the SM count and max_ctx
+  float* out = nullptr;  // [n_seq, n_head, 512]
+  int n_split = 0;       // cuda: kv splits per sequence, 0 = chosen from the SM count and max_ctx
 };
 
 // Shape checks only (no pointer is dereferenced, so it serves device params too).

@@ -95,7 +95,8 @@ __global__ void __launch_bounds__(kSimpleThreads)
     __syncthreads();
     float s = 0.f;  // warp = head, lane = token
     for (int i = 0; i < kMlaRow; i += 2) {
-      const float2 k = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(rows + lane * kStride + i));
+      const float2 k =
+          __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(rows + lane * kStride + i));
       const float2 q = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(q_s + warp * kMlaRow + i));
       s = fmaf(q.x, k.x, fmaf(q.y, k.y, s));
     }
@@ -109,16 +110,20 @@ __global__ void __launch_bounds__(kSimpleThreads)
     __syncthreads();
     for (int h = 0; h < kSimpleHeads; ++h) acc[h][0] *= a_s[h], acc[h][1] *= a_s[h];
     for (int t = 0; t < kSimpleTile; ++t) {
-      const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(rows + t * kStride + 2 * tid));
+      const float2 v =
+          __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(rows + t * kStride + 2 * tid));
 #pragma unroll
-      for (int h = 0; h < kSimpleHeads; ++h) acc[h][0] = fmaf(p_s[h][t], v.x, acc[h][0]), acc[h][1] = fmaf(p_s[h][t], v.y, acc[h][1]);
+      for (int h = 0; h < kSimpleHeads; ++h)
+        acc[h][0] = fmaf(p_s[h][t], v.x, acc[h][0]), acc[h][1] = fmaf(p_s[h][t], v.y, acc[h][1]);
     }
   }
   const size_t base = (size_t(b) * n_split + split) * p.n_head;
   for (int h = 0; h < kSimpleHeads; ++h)
     if (h0 + h < p.n_head)
-      *reinterpret_cast<float2*>(part_o + (base + h0 + h) * kMlaLatent + 2 * tid) = make_float2(acc[h][0], acc[h][1]);
-  if (lane == 0 && h0 + warp < p.n_head) part_ml[(base + h0 + warp) * 2] = m, part_ml[(base + h0 + warp) * 2 + 1] = l;
+      *reinterpret_cast<float2*>(part_o + (base + h0 + h) * kMlaLatent + 2 * tid) =
+          make_float2(acc[h][0], acc[h][1]);
+  if (lane == 0 && h0 + warp < p.n_head)
+    part_ml[(base + h0 + warp) * 2] = m, part_ml[(base + h0 + warp) * 2 + 1] = l;
 }
 
 // grid (n_head, n_seq), 128 threads x 4 dims.
@@ -174,12 +179,17 @@ using namespace mla_detail;
 
 size_t mla_decode_workspace_bytes(const MlaDecodeParams& p, int n_split) {
   if (n_split > 0) return partial_bytes(p, n_split);
-  return partial_bytes(p, std::max(choose_split(p, kMmaHeads, 0).n_split, choose_split(p, kWgHeads, 0).n_split));
+  return partial_bytes(p,
+                       std::max(choose_split(p, kMmaHeads, 0).n_split, choose_split(p, kWgHeads, 0).n_split));
 }
 
-void mla_decode_cuda(const MlaDecodeParams& p, GpuContext& g) { run_split(p, g, use_wgmma_kernel()); }
+void mla_decode_cuda(const MlaDecodeParams& p, GpuContext& g) {
+  run_split(p, g, use_wgmma_kernel());
+}
 
-void mla_decode_cuda_wgmma(const MlaDecodeParams& p, GpuContext& g) { run_split(p, g, true); }
+void mla_decode_cuda_wgmma(const MlaDecodeParams& p, GpuContext& g) {
+  run_split(p, g, true);
+}
 
 void mla_decode_cuda_simple(const MlaDecodeParams& p, GpuContext& g) {
   const Split s = fit_split(p, g, kSimpleHeads);

@@ -28,8 +28,10 @@ struct Split {
 Split fit_split(const MlaDecodeParams& p, const GpuContext& g, int heads_per_cta);
 
 // Kernels: each writes the partials of grid (ceil(n_head / heads), n_split, n_seq) CTAs.
-void launch_split_mma(const MlaDecodeParams& p, const Split& s, float* part_o, float* part_ml, cudaStream_t st);
-void launch_split_wgmma(const MlaDecodeParams& p, const Split& s, float* part_o, float* part_ml, cudaStream_t st);
+void launch_split_mma(const MlaDecodeParams& p, const Split& s, float* part_o, float* part_ml,
+                      cudaStream_t st);
+void launch_split_wgmma(const MlaDecodeParams& p, const Split& s, float* part_o, float* part_ml,
+                        cudaStream_t st);
 constexpr int kMmaHeads = 32, kWgHeads = 64;
 
 __device__ __forceinline__ const uint16_t* row_ptr(const MlaDecodeParams& p, int b, int t) {
@@ -44,7 +46,9 @@ __device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n");
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));

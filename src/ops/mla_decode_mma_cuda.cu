@@ -16,18 +16,18 @@
 namespace k3::mla_detail {
 namespace {
 
-constexpr int kStride = kMlaRow + 8;      // padded smem row (bf16): 1168 B, ldmatrix rows hit distinct banks
+constexpr int kStride = kMlaRow + 8;  // padded smem row (bf16): 1168 B, ldmatrix rows hit distinct banks
 constexpr int kMmaThreads = 256;
-constexpr int kPStride = kTile + 8;       // bf16 P row
-constexpr int kSStride = kTile + 4;       // fp32 S row
+constexpr int kPStride = kTile + 8;  // bf16 P row
+constexpr int kSStride = kTile + 4;  // fp32 S row
 constexpr size_t kMmaSmem = size_t(kMmaHeads) * kStride * 2 + size_t(2) * kTile * kStride * 2 +
                             size_t(kMmaHeads) * kSStride * 4 + size_t(kMmaHeads) * kPStride * 2 +
                             size_t(3) * kMmaHeads * 4;
 
-
 // Issues cp.async for tile [t0, t0 + kTile) of sequence b into rows (zeros past t_end). Thread -> token
 // tid / 4 (one block-table read), 16-byte chunks tid % 4 + 4 i: four threads cover 64 contiguous bytes.
-__device__ __forceinline__ void load_tile(const MlaDecodeParams& p, int b, int t0, int t_end, uint16_t* rows) {
+__device__ __forceinline__ void load_tile(const MlaDecodeParams& p, int b, int t0, int t_end,
+                                          uint16_t* rows) {
   static_assert(kMmaThreads == 4 * kTile && kChunks % 4 == 0, "4 threads per token row");
   const int tok = threadIdx.x / 4, t = t0 + tok;
   uint16_t* dst = rows + tok * kStride + (threadIdx.x % 4) * 8;
@@ -35,7 +35,8 @@ __device__ __forceinline__ void load_tile(const MlaDecodeParams& p, int b, int t
     const uint16_t* src = row_ptr(p, b, t) + (threadIdx.x % 4) * 8;
 #pragma unroll
     for (int i = 0; i < kChunks / 4; ++i)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst + i * 32)), "l"(src + i * 32));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst + i * 32)),
+                   "l"(src + i * 32));
   } else {
 #pragma unroll
     for (int i = 0; i < kChunks / 4; ++i) *reinterpret_cast<uint4*>(dst + i * 32) = make_uint4(0, 0, 0, 0);
@@ -46,13 +47,13 @@ __device__ __forceinline__ void load_tile(const MlaDecodeParams& p, int b, int t
 __global__ void __launch_bounds__(kMmaThreads, 1)
     mla_split_mma(MlaDecodeParams p, int n_split, int split_len, float* part_o, float* part_ml) {
   extern __shared__ __align__(16) unsigned char smem[];
-  uint16_t* q_s = reinterpret_cast<uint16_t*>(smem);                    // [32][kStride]
-  uint16_t* k_s = q_s + kMmaHeads * kStride;                            // [2][64][kStride]
-  float* s_s = reinterpret_cast<float*>(k_s + 2 * kTile * kStride);    // [32][kSStride]
+  uint16_t* q_s = reinterpret_cast<uint16_t*>(smem);                        // [32][kStride]
+  uint16_t* k_s = q_s + kMmaHeads * kStride;                                // [2][64][kStride]
+  float* s_s = reinterpret_cast<float*>(k_s + 2 * kTile * kStride);         // [32][kSStride]
   uint16_t* p_s = reinterpret_cast<uint16_t*>(s_s + kMmaHeads * kSStride);  // [32][kPStride]
-  float* m_s = reinterpret_cast<float*>(p_s + kMmaHeads * kPStride);   // [32] running max
-  float* l_s = m_s + kMmaHeads;                                         // [32] running sum
-  float* a_s = l_s + kMmaHeads;                                         // [32] rescale of this tile
+  float* m_s = reinterpret_cast<float*>(p_s + kMmaHeads * kPStride);        // [32] running max
+  float* l_s = m_s + kMmaHeads;                                             // [32] running sum
+  float* a_s = l_s + kMmaHeads;                                             // [32] rescale of this tile
 
   const int b = blockIdx.z, split = blockIdx.y, h0 = blockIdx.x * kMmaHeads;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, mt = warp / 4, wq = warp % 4;
@@ -172,9 +173,11 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
 
 }  // namespace
 
-void launch_split_mma(const MlaDecodeParams& p, const Split& s, float* part_o, float* part_ml, cudaStream_t st) {
+void launch_split_mma(const MlaDecodeParams& p, const Split& s, float* part_o, float* part_ml,
+                      cudaStream_t st) {
   static const bool attr = [] {
-    K3_CUDA_ASSERT(cudaFuncSetAttribute(mla_split_mma, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMmaSmem)));
+    K3_CUDA_ASSERT(
+        cudaFuncSetAttribute(mla_split_mma, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMmaSmem)));
     return true;
   }();
   (void)attr;

@@ -48,12 +48,12 @@ __device__ __forceinline__ void load_tile(uint32_t tile, RowSrc src) {
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    mla_split_wgmma(MlaDecodeParams p, int n_split, int split_len, float* part_o, float* part_ml, uint32_t v_lbo,
-                    uint32_t v_sbo) {
+    mla_split_wgmma(MlaDecodeParams p, int n_split, int split_len, float* part_o, float* part_ml,
+                    uint32_t v_lbo, uint32_t v_sbo) {
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_addr(smem_raw), base = (raw + 1023) & ~1023u;
   const uint32_t q_s = base, k_s = base + kTileBytes, p_s = base + 3 * kTileBytes;  // k_s: 2 tiles
-  float* alpha_s = reinterpret_cast<float*>(smem_raw + (p_s + kBlk - raw));        // [64]
+  float* alpha_s = reinterpret_cast<float*>(smem_raw + (p_s + kBlk - raw));         // [64]
 
   const int b = blockIdx.z, split = blockIdx.y, h0 = blockIdx.x * kWgHeads;
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, r0 = (tid % 128) / 32 * 16 + lane / 4;
@@ -177,17 +177,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-void launch_split_wgmma(const MlaDecodeParams& p, const Split& s, float* part_o, float* part_ml, cudaStream_t st) {
+void launch_split_wgmma(const MlaDecodeParams& p, const Split& s, float* part_o, float* part_ml,
+                        cudaStream_t st) {
   // V descriptor: LBO = next 64 dims (one block), SBO = next 8 tokens. K3_MLA_WG_VDESC=1 swaps the two
   // (a probe of the MN-major descriptor convention on a new toolchain; the op tests say which is right).
   static const bool swap = [] {
-    K3_CUDA_ASSERT(cudaFuncSetAttribute(mla_split_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    K3_CUDA_ASSERT(
+        cudaFuncSetAttribute(mla_split_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     const char* e = std::getenv("K3_MLA_WG_VDESC");
     return e && e[0] == '1';
   }();
   const dim3 grid((p.n_head + kWgHeads - 1) / kWgHeads, s.n_split, p.n_seq);
-  mla_split_wgmma<<<grid, kThreads, kSmem, st>>>(p, s.n_split, s.split_len, part_o, part_ml, swap ? 1024 : kBlk,
-                                                 swap ? kBlk : 1024);
+  mla_split_wgmma<<<grid, kThreads, kSmem, st>>>(p, s.n_split, s.split_len, part_o, part_ml,
+                                                 swap ? 1024 : kBlk, swap ? kBlk : 1024);
   K3_CUDA_LAUNCH_CHECK();
 }
 

@@ -27,21 +27,21 @@ namespace k3 {
 inline constexpr int kMlaPrefillNope = 128;  // qk_nope_head_dim
 inline constexpr int kMlaPrefillRope = 64;   // qk_rope_head_dim
 inline constexpr int kMlaPrefillQk = kMlaPrefillNope + kMlaPrefillRope;
-inline constexpr int kMlaPrefillV = 128;     // v_head_dim
+inline constexpr int kMlaPrefillV = 128;  // v_head_dim
 
 struct MlaPrefillParams {
   int n_q = 0, n_kv = 0, n_head = 0;
-  int q_pos0 = 0;                                        // position of query 0
-  const uint16_t* q = nullptr;                           // [n_q, n_head, 192]
+  int q_pos0 = 0;               // position of query 0
+  const uint16_t* q = nullptr;  // [n_q, n_head, 192]
   int64_t q_tok_stride = 0, q_head_stride = 0;
-  const uint16_t* k_nope = nullptr;                      // [n_kv, n_head, 128]
+  const uint16_t* k_nope = nullptr;  // [n_kv, n_head, 128]
   int64_t k_tok_stride = 0, k_head_stride = 0;
-  const uint16_t* k_rope = nullptr;                      // [n_kv, n_head or shared, 64]
+  const uint16_t* k_rope = nullptr;  // [n_kv, n_head or shared, 64]
   int64_t r_tok_stride = 0, r_head_stride = 0;
-  const uint16_t* v = nullptr;                           // [n_kv, n_head, 128]
+  const uint16_t* v = nullptr;  // [n_kv, n_head, 128]
   int64_t v_tok_stride = 0, v_head_stride = 0;
   float scale = 1.f;
-  float* out = nullptr;                                  // [n_q, n_head, 128], contiguous
+  float* out = nullptr;  // [n_q, n_head, 128], contiguous
 };
 
 // Shape and alignment checks (no pointer is dereferenced).

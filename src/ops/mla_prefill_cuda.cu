@@ -21,11 +21,11 @@ namespace k3 {
 namespace {
 
 constexpr int kQ = 128, kKv = 64, kThreads = 256;
-constexpr int kQkSteps = kMlaPrefillQk / 16;              // 12
-constexpr int kKStride = kMlaPrefillQk + 8;               // 400-byte rows: ldmatrix rows on distinct banks
-constexpr int kVStride = kMlaPrefillV + 8;                // 272-byte rows
+constexpr int kQkSteps = kMlaPrefillQk / 16;  // 12
+constexpr int kKStride = kMlaPrefillQk + 8;   // 400-byte rows: ldmatrix rows on distinct banks
+constexpr int kVStride = kMlaPrefillV + 8;    // 272-byte rows
 constexpr int kKChunks = kMlaPrefillQk / 8, kVChunks = kMlaPrefillV / 8;  // 16-byte chunks a row: 24, 16
-constexpr int kStage = kKv * (kKStride + kVStride);       // bf16 elements of one K + V stage
+constexpr int kStage = kKv * (kKStride + kVStride);                       // bf16 elements of one K + V stage
 constexpr size_t kSmem = size_t(2) * kStage * 2;
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -54,7 +54,8 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
 }
 
 // cp.async of key tile [k0, k0 + 64) of head h into one stage (rows >= n_end zero-filled).
-__device__ __forceinline__ void load_kv(const MlaPrefillParams& p, int h, int k0, int n_end, uint16_t* stage) {
+__device__ __forceinline__ void load_kv(const MlaPrefillParams& p, int h, int k0, int n_end,
+                                        uint16_t* stage) {
   uint16_t* ks = stage;
   uint16_t* vs = stage + kKv * kKStride;
   for (int c = threadIdx.x; c < kKv * kKChunks; c += kThreads) {
@@ -84,9 +85,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_prefill_kernel(MlaPrefillPara
   const int h = blockIdx.y, q0 = (gridDim.x - 1 - blockIdx.x) * kQ;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
   const int n_rows = min(kQ, p.n_q - q0);
-  const int n_end = p.q_pos0 + q0 + n_rows;                   // keys < n_end are seen by some row
+  const int n_end = p.q_pos0 + q0 + n_rows;  // keys < n_end are seen by some row
   const int n_tiles = (n_end + kKv - 1) / kKv;
-  const int pos_r0 = p.q_pos0 + q0 + warp * 16 + g;            // position of this thread's rows r0, r0 + 8
+  const int pos_r0 = p.q_pos0 + q0 + warp * 16 + g;  // position of this thread's rows r0, r0 + 8
   const int warp_max_pos = p.q_pos0 + q0 + warp * 16 + 15;
 
   load_kv(p, h, 0, n_end, smem);
@@ -125,8 +126,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_prefill_kernel(MlaPrefillPara
       float s[8][4];
 #pragma unroll
       for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-      const uint32_t ka =
-          smem_u32(ks + ((lane & 7) + ((lane >> 4) << 3)) * kKStride + ((lane >> 3) & 1) * 8);
+      const uint32_t ka = smem_u32(ks + ((lane & 7) + ((lane >> 4) << 3)) * kKStride + ((lane >> 3) & 1) * 8);
 #pragma unroll
       for (int kk = 0; kk < kQkSteps; ++kk)
 #pragma unroll
@@ -209,7 +209,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_prefill_kernel(MlaPrefillPara
 void mla_prefill_cuda(const MlaPrefillParams& p, GpuContext& g) {
   K3_ASSERT(mla_prefill_check(p).ok());
   static const bool attr = [] {
-    K3_CUDA_ASSERT(cudaFuncSetAttribute(mla_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    K3_CUDA_ASSERT(
+        cudaFuncSetAttribute(mla_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     return true;
   }();
   (void)attr;

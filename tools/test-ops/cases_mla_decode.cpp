@@ -1,4 +1,5 @@
-// cases_mla_decode.cpp: test-ops cases for absorbed MLA decode over the paged latent cache (ops/mla_decode.h).
+// cases_mla_decode.cpp: test-ops cases for absorbed MLA decode over the paged latent cache
+// (ops/mla_decode.h).
 //
 // ref  = mla_decode_ref (fp64, reads the pages through the block table).
 // cpu  = attention.h's attention_cpu on each sequence's rows gathered into one fp32 [n_ctx, 576] buffer
@@ -39,8 +40,10 @@ void add_case(CaseList& cases, Kind kind, int H, int P, std::vector<int32_t> len
   for (size_t i = 0; i < lens.size(); ++i) shape += (i ? "," : "") + std::to_string(lens[i]);
   shape += " scale=" + std::to_string(scale).substr(0, 5) + " splits=" + std::to_string(n_split);
   cases.push_back(std::make_unique<FnCase>(
-      kind == Kind::simple ? "mla_decode_simple" : kind == Kind::wgmma ? "mla_decode_wgmma" : "mla_decode", shape,
-      kind == Kind::simple ? 1e-9 : 1e-5,
+      kind == Kind::simple  ? "mla_decode_simple"
+      : kind == Kind::wgmma ? "mla_decode_wgmma"
+                            : "mla_decode",
+      shape, kind == Kind::simple ? 1e-9 : 1e-5,
       [st](Rng& rng) {
         const int n_seq = int(st->lens.size());
         st->max_ctx = *std::max_element(st->lens.begin(), st->lens.end());
@@ -50,7 +53,8 @@ void add_case(CaseList& cases, Kind kind, int H, int P, std::vector<int32_t> len
         st->n_pages = used + 3;  // spare pages nobody owns
         std::vector<int32_t> perm(size_t(st->n_pages));
         std::iota(perm.begin(), perm.end(), 0);
-        for (size_t i = perm.size() - 1; i > 0; --i) std::swap(perm[i], perm[size_t(rng.below(int64_t(i) + 1))]);
+        for (size_t i = perm.size() - 1; i > 0; --i)
+          std::swap(perm[i], perm[size_t(rng.below(int64_t(i) + 1))]);
         st->table.assign(size_t(n_seq) * st->max_pages, -1);
         size_t next = 0;
         for (int b = 0; b < n_seq; ++b)
@@ -121,7 +125,7 @@ K3_OP_CASES(mla_decode_cases) {
   for (Kind kind : {Kind::mma, Kind::wgmma, Kind::simple}) {
     add_case(cases, kind, 96, 64, {1, 17, 300}, s192, 0);
     add_case(cases, kind, 20, 16, {989, 4097, 64}, s192, 0);
-    add_case(cases, kind, 16, 64, {4097}, 0.3f, 3);   // peaky softmax, uneven forced splits
+    add_case(cases, kind, 16, 64, {4097}, 0.3f, 3);    // peaky softmax, uneven forced splits
     add_case(cases, kind, 40, 32, {1, 989}, s192, 1);  // one split: no combine across splits
     add_case(cases, kind, 8, 64, {1}, s192, 0);
   }

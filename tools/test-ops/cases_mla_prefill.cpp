@@ -51,12 +51,13 @@ void add_case(CaseList& cases, int H, int n_q, int q_pos0, bool shared_rope, flo
   auto st = std::make_shared<PrefillState>();
   st->n_q = n_q, st->q_pos0 = q_pos0, st->H = H, st->shared_rope = shared_rope;
   st->scale = 1.f / std::sqrt(float(kMlaPrefillQk));
-  const std::string shape = "H=" + std::to_string(H) + " n_q=" + std::to_string(n_q) + " q_pos0=" +
-                            std::to_string(q_pos0) + (shared_rope ? " rope=shared" : " rope=per-head") +
-                            " sigma=" + std::to_string(sigma).substr(0, 4);
+  const std::string shape =
+      "H=" + std::to_string(H) + " n_q=" + std::to_string(n_q) + " q_pos0=" + std::to_string(q_pos0) +
+      (shared_rope ? " rope=shared" : " rope=per-head") + " sigma=" + std::to_string(sigma).substr(0, 4);
   const double n_kv = q_pos0 + n_q;
   const double flops = double(H) * n_q * (q_pos0 + (n_q + 1) / 2.0) * (kMlaPrefillQk + kMlaPrefillV) * 2;
-  const double bytes = 2.0 * (double(n_q) * H * kMlaPrefillQk + n_kv * H * 256 + n_kv * 64) + 4.0 * n_q * H * 128;
+  const double bytes =
+      2.0 * (double(n_q) * H * kMlaPrefillQk + n_kv * H * 256 + n_kv * 64) + 4.0 * n_q * H * 128;
   cases.push_back(std::make_unique<FnCase>(
       "mla_prefill", shape, 1e-5,
       [st, sigma](Rng& rng) {
@@ -83,7 +84,8 @@ void add_case(CaseList& cases, int H, int n_q, int q_pos0, bool shared_rope, flo
               const uint16_t* vs = p.v + s * p.v_tok_stride + h * p.v_head_stride;
               for (int i = 0; i < kMlaPrefillNope; ++i) kd[i] = bf16_to_f32(kn[i]);
               for (int i = 0; i < kMlaPrefillRope; ++i) kd[kMlaPrefillNope + i] = bf16_to_f32(kr[i]);
-              for (int i = 0; i < kMlaPrefillV; ++i) v[(size_t(s) * H + h) * 128 + size_t(i)] = bf16_to_f32(vs[i]);
+              for (int i = 0; i < kMlaPrefillV; ++i)
+                v[(size_t(s) * H + h) * 128 + size_t(i)] = bf16_to_f32(vs[i]);
             }
           AttentionParams a;
           a.n_q = st->n_q, a.n_kv = n_kv, a.n_head = H, a.d_qk = kMlaPrefillQk, a.d_v = kMlaPrefillV;
@@ -94,7 +96,8 @@ void add_case(CaseList& cases, int H, int n_q, int q_pos0, bool shared_rope, flo
           attention_cpu(a, ctx.pool);
         } else {
 #ifdef K3_HAVE_CUDA
-          p = st->params(ctx.dev_in(st->q), ctx.dev_in(st->kv), ctx.dev_in(st->rope), ctx.dev_out_f32(0, n_out));
+          p = st->params(ctx.dev_in(st->q), ctx.dev_in(st->kv), ctx.dev_in(st->rope),
+                         ctx.dev_out_f32(0, n_out));
           ctx.gpu_run([&] { mla_prefill_cuda(p, *ctx.gpu); });
 #endif
         }
@@ -107,11 +110,11 @@ void add_case(CaseList& cases, int H, int n_q, int q_pos0, bool shared_rope, flo
 K3_OP_CASES(mla_prefill_cases) {
   add_case(cases, 1, 1, 0, true, 1.f);
   add_case(cases, 3, 17, 0, true, 1.f);
-  add_case(cases, 2, 130, 0, false, 1.f);    // two query blocks, the second of 2 rows
-  add_case(cases, 5, 300, 0, true, 0.3f);    // flat softmax
-  add_case(cases, 2, 17, 100, true, 3.f);    // after a cache prefix, peaky softmax
-  add_case(cases, 1, 200, 77, false, 1.f);   // prefix not a multiple of the tile, diagonal across tiles
-  add_case(cases, 96, 64, 0, true, 1.f);     // K3's head count
+  add_case(cases, 2, 130, 0, false, 1.f);        // two query blocks, the second of 2 rows
+  add_case(cases, 5, 300, 0, true, 0.3f);        // flat softmax
+  add_case(cases, 2, 17, 100, true, 3.f);        // after a cache prefix, peaky softmax
+  add_case(cases, 1, 200, 77, false, 1.f);       // prefix not a multiple of the tile, diagonal across tiles
+  add_case(cases, 96, 64, 0, true, 1.f);         // K3's head count
   add_case(cases, 8, 1024, 0, true, 1.f, true);  // perf shape
 }
 
