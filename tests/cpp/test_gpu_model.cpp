@@ -1,10 +1,11 @@
 // test_gpu_model.cpp: the GPU forward pass (gpu/model_gpu.h) equals the CPU model (model/model.h).
 //
 //   fp32: GPU logits = CPU logits, NMSE <= 1e-6, one-shot prefill, chunked prefill, token-by-token decode,
-//         a batch of sequences, and a state moved GPU -> CPU mid-sequence (tiny-kl, tiny-k3, tiny-k31; the
-//         K3.1 context exceeds index_topk so the DSA selection is sparse)
+//         a batch of sequences, and a state moved GPU -> CPU mid-sequence (tiny-kl, tiny-k3, tiny-k31,
+//         tiny-k3-mla; the K3.1 context exceeds index_topk so the DSA selection is sparse)
 //   bf16: every named intermediate of every layer, NMSE <= 1e-4 against the CPU at the same rounding points,
-//         each layer fed the CPU's input (set_layer_inputs); end to end, logits NMSE <= 5e-2
+//         each layer fed the CPU's input (set_layer_inputs); end to end, logits NMSE <= 5e-2; the same with
+//         K3_MLA_FAST=1 on tiny-k3-mla (the opt-in tensor-core MLA kernels)
 //   k3-tiny (when present): perplexity over a few windows within 0.5% of the CPU's
 // Without a CUDA device (or a CUDA build) every GPU test skips; load() must then say why.
 #include <gtest/gtest.h>
@@ -246,11 +247,12 @@ TEST_P(GpuModelTiny, Bf16LogitsNearCpu) {
 }
 
 // tiny-k3-mla: tiny-k3 with the production MLA head widths (the shapes of the tensor-core MLA kernels).
-INSTANTIATE_TEST_SUITE_P(Families, GpuModelTiny, ::testing::Values("tiny-kl", "tiny-k3", "tiny-k31", "tiny-k3-mla"));
+INSTANTIATE_TEST_SUITE_P(Families, GpuModelTiny,
+                         ::testing::Values("tiny-kl", "tiny-k3", "tiny-k31", "tiny-k3-mla"));
 
 // K3_MLA_FAST=1 (opt-in): bf16 MLA on the tensor-core kernels (mla_prefill_cuda for the 23-token prefill,
-// mla_decode_cuda for the absorbed decode step) against the CPU, layer by layer as above; the kernels round the
-// softmax weights (and the absorbed query) to bf16, well inside the 1e-4 bound.
+// mla_decode_cuda for the absorbed decode step) against the CPU, layer by layer as above; the kernels round
+// the softmax weights (and the absorbed query) to bf16, well inside the 1e-4 bound.
 TEST(GpuModel, Bf16FastMlaKernelsMatchCpu) {
   SKIP_WITHOUT_GPU();
   struct EnvGuard {
