@@ -3,6 +3,9 @@
 # /tmp/devq/slice). The K3 slice (scripts/make_k3_slice.py: K3's full per-layer widths, 4 layers) made on
 # the device in /dev/shm, GPU = CPU checks on it, then the decode bench (bench/slice). Builds nothing.
 # Writes $OUT/slice/run.log and $OUT/slice/slice.jsonl; removes everything it put in /dev/shm.
+# Not yet run on a GPU (session 3 had no device). Next session, e.g. in a 120 s slot:
+#   SLICE_BUDGET=120 SLICE_GEN_S=40 SLICE_LOGITS_S=30 SLICE_BENCH_S=60 bash scripts/device/slice.sh --pack BUILD
+# (SLICE_EXPERTS=64 makes a 13 GB slice when the full 57.6 GB one does not fit the slot.)
 #
 #   here:   bash scripts/device/slice.sh --pack BUILD    (k3, bench_slice, k3_tests, COMMIT -> .carry/dev/slice)
 #   device: bash scripts/device/slice.sh                  (SLICE_EXPERTS=896 by default, SLICE_STEPS=...)
@@ -48,6 +51,10 @@ E=${SLICE_EXPERTS:-896}
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used,memory.total --format=csv,noheader
   nproc; free -g | head -2; df -h /dev/shm | tail -1
   python3 -c "import numpy; print('numpy', numpy.__version__)"
+  if [ -x "$B/k3_tests" ]; then  # CUDA-graph decode steps = eager, bit for bit (tiny models)
+    echo "== k3_tests GpuGraph.* ($(el))"
+    timeout "${SLICE_TESTS_S:-60}" "$B/k3_tests" --gtest_filter='GpuGraph.*' 2>&1 | tail -25
+  fi
   echo "== generate K3 slice, $E experts ($(el))"
   rm -rf "$S" && mkdir -p "$S"
   timeout "${SLICE_GEN_S:-60}" python3 scripts/make_k3_slice.py --out "$S/k3" ${SLICE_TINY:+--tiny} --experts "$E" --jobs "$(nproc)" 2>&1 | tail -3

@@ -4,10 +4,14 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "core/cuda_check.h"
 #include "gpu/blocks_gpu.cuh"
 #include "gpu/context.h"
+#include "gpu/model_impl_gpu.cuh"
+#include "gpu/step_graph.cuh"
 #include "model/binder.h"
 
 namespace k3::gpu {
@@ -46,13 +50,10 @@ Status embed_gpu(const GpuCtx& c, const ModelWeightsGpu& w, int64_t D, const int
   return launch_status("embedding");
 }
 
-struct GpuModel::Impl {
-  ContextOwner ctx;
-  std::unique_ptr<ModelWeightsGpu> w;
-  std::vector<float> host;  // trace staging
-};
-
-GpuModel::GpuModel(const ModelConfig& cfg, const ModelOptions& opt) : cfg_(cfg), opt_(opt) {}
+GpuModel::GpuModel(const ModelConfig& cfg, const ModelOptions& opt) : cfg_(cfg), opt_(opt) {
+  const char* env = std::getenv("K3_CUDA_GRAPH");  // opt-in until checked on a GPU (docs/cuda.md)
+  graphs_on_ = opt.cuda_graph || (env && std::string(env) == "1");
+}
 GpuModel::~GpuModel() {
   if (impl_) cudaSetDevice(device_);
 }
@@ -92,6 +93,7 @@ Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens
                      std::span<const int64_t> row0, std::span<const int64_t> out_rows, float* logits) {
   const int64_t D = cfg_.d_model, V = cfg_.n_vocab, n_seq = int64_t(states.size()), n_tok = row0.back();
   const ModelWeightsGpu& W = *impl_->w;
+  if (profile_) return run_pieces(states, tokens, row0, out_rows, logits);  // the piece loop, timed
   K3_CUDA_CHECK(cudaSetDevice(device_));
   for (int64_t i = 0; i < n_seq; ++i)
     K3_RETURN_IF_ERROR(
@@ -220,6 +222,12 @@ Status GpuModel::forward(GpuSeqState& state, const int32_t* tokens, int64_t n_to
     return ok_status();
   }
   GpuSeqState* states[1] = {&state};
+  if (n_tok == 1 && graph_step_ok(1)) {
+    std::vector<float> tmp;
+    if (!logits) logits = &tmp;
+    logits->resize(size_t(cfg_.n_vocab));
+    return run_graph_step(states, tokens, logits->data());
+  }
   const int64_t row0[2] = {0, n_tok};
   std::vector<int64_t> out_rows;
   for (int64_t t = all_logits ? 0 : n_tok - 1; t < n_tok; ++t) out_rows.push_back(t);
@@ -250,7 +258,11 @@ Status GpuModel::forward_batch(std::span<GpuSeqState*> states,
   }
   const int64_t V = cfg_.n_vocab;
   std::vector<float> logits(out_rows.size() * size_t(V));
-  if (!live.empty()) K3_RETURN_IF_ERROR(run(live, all.data(), row0, out_rows, logits.data()));
+  const bool decode = int64_t(all.size()) == int64_t(live.size());  // one token per live sequence
+  if (!live.empty() && decode && graph_step_ok(live.size()))
+    K3_RETURN_IF_ERROR(run_graph_step(live, all.data(), logits.data()));
+  else if (!live.empty())
+    K3_RETURN_IF_ERROR(run(live, all.data(), row0, out_rows, logits.data()));
   if (last_logits) {
     last_logits->assign(states.size(), {});
     for (size_t i = 0, k = 0; i < states.size(); ++i) {

@@ -118,8 +118,9 @@ class GpuModel {
   using LayerInputFn = std::function<const float*(int layer, int64_t n)>;
   void set_layer_inputs(LayerInputFn fn) { inject_ = std::move(fn); }
 
-  // Decode steps (every sequence of the call adds one token; no trace, no layer inputs, at most 64
-  // sequences) run as CUDA graphs unless ModelOptions::cuda_graph is false: the batch is padded to a bucket
+  // OPT-IN, compiled but not yet run on a GPU (ModelOptions::cuda_graph, K3_CUDA_GRAPH=1, k3 --cuda-graph):
+  // decode steps (every sequence of the call adds one token; no trace, no layer inputs, at most 64
+  // sequences) run as CUDA graphs: the batch is padded to a bucket
   // (1, 2, 4, 8, 16, 32, 64) with scratch sequences, the step's pieces run in piecewise graphs captured at
   // the bucket's second step (the first runs eagerly: it warms up cuBLAS and the kernels' lazy set-up) and
   // replayed after that with only the token ids copied in; the MLA / DSA attention sub-layers run eagerly
@@ -144,6 +145,9 @@ class GpuModel {
   GpuModel(const ModelConfig& cfg, const ModelOptions& opt);
   Status run(std::span<GpuSeqState* const> states, const int32_t* tokens, std::span<const int64_t> row0,
              std::span<const int64_t> out_rows, float* logits);
+  // run's loop as pieces (model_step_gpu.cu), eagerly with CUDA events: used while set_profile is on.
+  Status run_pieces(std::span<GpuSeqState* const> states, const int32_t* tokens, std::span<const int64_t> row0,
+                    std::span<const int64_t> out_rows, float* logits);
   // One decode step of n = states.size() sequences as CUDA graphs (see set_cuda_graph); logits [n, n_vocab].
   Status run_graph_step(std::span<GpuSeqState* const> states, const int32_t* tokens, float* logits);
   bool graph_step_ok(size_t n_seq) const;

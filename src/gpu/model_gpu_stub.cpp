@@ -26,6 +26,17 @@ Status GpuModel::forward_batch(std::span<GpuSeqState*>, std::span<const std::spa
   return error(Code::unsupported, "built without CUDA");
 }
 
+GpuGraphStats GpuModel::graph_stats() const {
+  return {};
+}
+Status GpuModel::fill_synthetic(GpuSeqState&, int64_t, uint64_t, int64_t) {
+  return error(Code::unsupported, "built without CUDA");
+}
+const char* gpu_module_name(GpuModule m) {
+  static const char* names[] = {"embed", "kda", "mla", "moe", "ffn", "norm", "lm_head"};
+  return names[int(m)];
+}
+
 GpuSeqState::~GpuSeqState() = default;
 Status GpuSeqState::reset() {
   return error(Code::unsupported, "built without CUDA");

@@ -48,6 +48,8 @@ struct ModelOptions {
   // Named intermediates per layer ("attn_norm", "kda_o", "ffn_out", ...; layer n_layer = the final norm).
   std::function<void(const char* name, int layer, const float* data, int64_t n)> trace;
   ParallelHooks* parallel = nullptr;  // this rank's parallel layout (model/parallel.h); nullptr: one rank
+  bool cuda_graph = false;  // GpuModel only: decode steps as CUDA graphs (opt-in, gpu/model_gpu.h; or
+                            // K3_CUDA_GRAPH=1); the CPU ignores it
 };
 
 // Applied once after binding (src/dist: tensor / expert sharding): may shrink the config copy the Model

@@ -16,8 +16,11 @@ void add_model_options(CLI::App* cmd, ModelArgs* a, bool with_device) {
   cmd->add_option("--precision", a->precision, "fp32 | bf16 (default fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_option("-t,--threads", a->threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
-  if (with_device)
+  if (with_device) {
     cmd->add_option("--device", a->device, "cpu | cuda (default cpu)")->check(CLI::IsMember({"cpu", "cuda"}));
+    cmd->add_flag("--cuda-graph", a->cuda_graph,
+                  "--device cuda: decode steps as CUDA graphs (opt-in; not yet checked on a GPU)");
+  }
 }
 
 Result<Loaded> load_model(const ModelArgs& a, bool with_tokenizer) {
@@ -25,6 +28,7 @@ Result<Loaded> load_model(const ModelArgs& a, bool with_tokenizer) {
   ModelOptions opt;
   opt.precision = a.precision == "bf16" ? Precision::bf16 : Precision::fp32;
   opt.n_threads = a.threads;
+  opt.cuda_graph = a.cuda_graph;
   CheckpointOptions copt;
   copt.progress = isatty(STDERR_FILENO);  // a bar while shards are mapped, only on a terminal
   K3_ASSIGN_OR_RETURN(l.ckpt, Checkpoint::open(a.dir, copt));

@@ -1,0 +1,38 @@
+// model_impl_gpu.cuh: GpuModel's private state (model_gpu.h), shared by model_gpu.cu (load, the layer loop,
+// eager calls) and model_graph_gpu.cu (CUDA-graph decode steps, synthetic contexts). Internal to src/gpu.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "gpu/arena.h"
+#include "gpu/context.h"
+#include "gpu/model_gpu.h"
+#include "gpu/step_graph.cuh"
+#include "gpu/weights_gpu.h"
+
+namespace k3::gpu {
+
+constexpr int kBuckets[] = {1, 2, 4, 8, 16, 32, 64};  // decode batch sizes with their own graphs
+constexpr int kNumBuckets = int(sizeof kBuckets / sizeof kBuckets[0]);
+
+struct GpuModel::Impl {
+  ContextOwner ctx;
+  std::unique_ptr<ModelWeightsGpu> w;
+  std::vector<float> host;  // trace staging
+  // CUDA-graph decode steps (run_graph_step)
+  DeviceArena arena;          // every graph step's buffers and captured scratch; sized for arena_bucket
+  int arena_bucket = 0;
+  StepGraphs graphs[kNumBuckets];
+  int steps[kNumBuckets] = {};  // steps run per bucket (the first one runs eagerly)
+  std::vector<std::unique_ptr<GpuSeqState>> pads;  // scratch sequences padding a batch to its bucket
+  int32_t* tok_h = nullptr;  // pinned staging: token ids [bucket], row indices [bucket], logits
+  int64_t* rows_h = nullptr;
+  float* z_h = nullptr;
+  GpuGraphStats stats;
+  ~Impl() {
+    cudaFreeHost(tok_h), cudaFreeHost(rows_h), cudaFreeHost(z_h);
+  }
+};
+
+}  // namespace k3::gpu
