@@ -11,7 +11,8 @@
 #    $WIDTH_DIR (default /tmp/k3-width), converted to bf16 GGUF by bench/llama_cpp/convert.py.
 # 4. bench/llama_cpp/side_by_side.py: k3 bench and llama.cpp (run_llama.py) prefill / decode tokens/s with
 #    2 threads, logits of both on the same ids (NMSE), JSON lines into bench/results/llama_cpp.jsonl.
-# Env: K3_BIN (default build/k3), PP / TG / REPS (default 64 / 8 / 2), LLAMA_CPP_PYTHON (version).
+# Env: K3_BIN (default build/k3), PP / TG / REPS (default 64 / 8 / 2; REPS = interleaved rounds of one k3
+# and one llama.cpp run each, medians reported), LLAMA_CPP_PYTHON (version).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 venv=${LLAMA_VENV:-/tmp/k3-llama-venv}

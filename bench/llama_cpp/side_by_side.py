@@ -2,7 +2,8 @@
 """side_by_side.py: one checkpoint, k3 and llama.cpp, same machine, same thread count (bench/llama_cpp/run.sh).
 
 Speed: `k3 bench -p PP -n TG -b 1 --precision bf16` against run_llama.py speed (llama.cpp's bf16 GGUF):
-prefill and decode tokens/s, ratio = k3 / llama.cpp, goal 1.5. Logits: both engines over the same 16
+prefill and decode tokens/s, ratio = k3 / llama.cpp, goal 1.5; --reps rounds, each one k3 run then one
+llama.cpp run (interleaved), medians over the rounds. Logits: both engines over the same 16
 random ids, all positions; NMSE = sum (k3 - llama)^2 / sum llama^2, for k3 --precision bf16 and fp32,
 goal 1e-4. Every number is appended to --jsonl (bench, commit, machine, metric, value, unit, peer,
 peer_value, ratio, goal, met) and printed. The two engines run one after the other, never at once.
@@ -12,6 +13,7 @@ import json
 import os
 import pathlib
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,6 +64,7 @@ def main():
     ap.add_argument("--jsonl", required=True)
     ap.add_argument("--peer", default="llama.cpp")
     ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--bw-mb", type=int, default=0, help="k3 bench's bandwidth buffer (MiB; 0: its default)")
     a = ap.parse_args()
     name = pathlib.Path(a.model).name
     t = str(a.threads)
@@ -81,17 +84,29 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         if not a.skip_speed:
-            jl = tmp / "k3.jsonl"
-            out = sh([a.k3, "bench", "-m", a.model, "-p", a.pp, "-n", a.tg, "-b", 1, "-r", a.reps,
-                      "--precision", "bf16", "-t", t, "--jsonl", jl])
-            print(out, flush=True)
-            k3 = {json.loads(l)["metric"].split()[1]: json.loads(l)["value"] for l in jl.read_text().splitlines()
-                  if json.loads(l)["unit"] == "tokens/s"}
-            ll = json.loads(sh([a.llama_python, HERE / "run_llama.py", "speed", a.gguf, "-p", a.pp, "-n", a.tg,
-                                "-r", a.reps, "-t", t]).strip().splitlines()[-1])
-            print("llama.cpp:", json.dumps(ll), flush=True)
-            emit(f"prefill pp{a.pp} {name} bf16 t{t}", k3[f"pp{a.pp}"], "tokens/s", ll["prefill_tok_s"], 1.5)
-            emit(f"decode tg{a.tg} {name} bf16 t{t}", k3[f"tg{a.tg}"], "tokens/s", ll["decode_tok_s"], 1.5)
+            # Interleaved rounds (k3, then llama.cpp, --reps times), each engine one repetition per round,
+            # so a shared machine's load drifts over both alike; medians over the rounds.
+            k3r = {"pp": [], "tg": []}
+            llr = {"pp": [], "tg": []}
+            for i in range(a.reps):
+                jl = tmp / f"k3_{i}.jsonl"
+                out = sh([a.k3, "bench", "-m", a.model, "-p", a.pp, "-n", a.tg, "-b", 1, "-r", 1,
+                          "--precision", "bf16", "-t", t, "--jsonl", jl] + (["--bw-mb", a.bw_mb] if a.bw_mb else []))
+                print(out, flush=True)
+                k3 = {json.loads(l)["metric"].split()[1]: json.loads(l)["value"]
+                      for l in jl.read_text().splitlines() if json.loads(l)["unit"] == "tokens/s"}
+                k3r["pp"].append(k3[f"pp{a.pp}"])
+                k3r["tg"].append(k3[f"tg{a.tg}"])
+                ll = json.loads(sh([a.llama_python, HERE / "run_llama.py", "speed", a.gguf, "-p", a.pp, "-n", a.tg,
+                                    "-r", 1, "-t", t]).strip().splitlines()[-1])
+                print("llama.cpp:", json.dumps(ll), flush=True)
+                llr["pp"].append(ll["prefill_tok_s"])
+                llr["tg"].append(ll["decode_tok_s"])
+                print(f"round {i}: prefill k3/llama {k3r['pp'][-1] / llr['pp'][-1]:.2f}, "
+                      f"decode {k3r['tg'][-1] / llr['tg'][-1]:.2f}", flush=True)
+            med = statistics.median
+            emit(f"prefill pp{a.pp} {name} bf16 t{t}", med(k3r["pp"]), "tokens/s", med(llr["pp"]), 1.5)
+            emit(f"decode tg{a.tg} {name} bf16 t{t}", med(k3r["tg"]), "tokens/s", med(llr["tg"]), 1.5)
 
         cfg = json.loads((pathlib.Path(a.model) / "config.json").read_text())
         n_vocab = cfg.get("text_config", cfg)["vocab_size"]
