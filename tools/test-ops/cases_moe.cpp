@@ -7,8 +7,9 @@
 //   ids must be equal, weights within 1e-10. Shapes: K3 (896 / 16), KL (256 / 8), k3-tiny (56 / 8), k > 32.
 // moe_experts: random MXFP4 bytes, scales in [116, 124], z bf16 N(0, 1) in a wider row, random distinct
 //   experts and positive weights per token; the decode and prefill kernels forced on every shape (odd token
-//   counts 1, 3, 17, 70, 127; d_in / d_ff multiples of 32 that are not multiples of the 128-column chunk;
-//   neuron counts below one warp's tile; SiTU and SiLU). NMSE bound 1e-5: the kernels round at the same
+//   counts 1, 3, 17, 45, 70, 150; d_in / d_ff multiples of 32 that are not multiples of the 128-column
+//   chunk; neuron counts below one warp's tile; experts with more rows than one tile of either path; SiTU
+//   and SiLU). NMSE bound 1e-5: the kernels round at the same
 //   points as the reference, only fp32 accumulation order differs (a bf16 rounding may flip).
 #include <algorithm>
 #include <memory>
@@ -177,7 +178,9 @@ K3_OP_CASES(moe_cases) {
     add_experts(cases, 3, 9, 9, 32, 32, path);
     add_experts(cases, 17, 56, 8, 128, 64, path);  // k3-tiny
     add_experts(cases, 70, 40, 6, 288, 96, path);
-    add_experts(cases, 127, 12, 3, 64, 416, path, MoeAct::silu);
+    add_experts(cases, 45, 12, 3, 64, 416, path, MoeAct::silu);
+    add_experts(cases, 150, 4, 2, 64, 64, path);  // ~75 rows per expert: several tiles of one expert
+    add_experts(cases, 40, 5, 2, 32, 96, path);   // ~16 rows per expert
   }
 }
 
