@@ -6,6 +6,9 @@
 //   inputs, each sequence's state taken from its cache slot; cpu = kda_prefill_fast_ref (varlen batch,
 //   permuted slots, bf16 in and out). Outputs: o (bf16 values) and every slot's state. Lengths 1, 17, 64, 65,
 //   100 (chunk tails) and a zero-initial-state run.
+// kda_fast_prefill_split: same ref; cpu = kda_prefill_split_emulate, the two-kernel GPU prefill emulated on the
+//   host with its rounding points (fp16 scratch, tf32 operands) and windows of 2 chunks; bound NMSE 9e-6 (the
+//   issue's rel-RMS 3e-3 goal). Lengths as above plus a zero-length sequence.
 // kda_fast_decode: ref = kda_decode_fast_ref; cpu = the step composed here from MODEL.md §4 (conv window,
 //   SiLU, bf16, l2norm, gate, beta) with kda_ref for the recurrence and the gated RMSNorm written out.
 //   Outputs: out, every slot's state and conv window (rolled). Two consecutive steps, so the roll is used.
@@ -51,7 +54,9 @@ struct PrefillState {
   std::vector<float> beta, S0;
 };
 
-void add_prefill(CaseList& cases, std::vector<int> lens, bool zero_state) {
+// split: the cpu backend is the host emulation of the two-kernel GPU prefill (windows of 2 chunks), held to
+// the accuracy goal of issue 6 (rel-RMS 3e-3 on o and state: NMSE 9e-6) instead of fp64 agreement.
+void add_prefill(CaseList& cases, std::vector<int> lens, bool zero_state, bool split = false) {
   auto st = std::make_shared<PrefillState>();
   st->lens = lens;
   st->zero_state = zero_state;
@@ -59,7 +64,7 @@ void add_prefill(CaseList& cases, std::vector<int> lens, bool zero_state) {
   for (size_t i = 0; i < lens.size(); ++i) shape += (i ? "," : "") + std::to_string(lens[i]);
   if (zero_state) shape += " S0=0";
   cases.push_back(std::make_unique<FnCase>(
-      "kda_fast_prefill", shape, 1e-6,
+      split ? "kda_fast_prefill_split" : "kda_fast_prefill", shape, split ? 9e-6 : 1e-6,
       [st](Rng& rng) {
         const int H = st->H;
         st->cu.assign(1, 0);
@@ -81,7 +86,7 @@ void add_prefill(CaseList& cases, std::vector<int> lens, bool zero_state) {
         st->S0.resize(size_t(st->n_slot) * H * D * D);
         fill_normal(rng, st->S0.data(), int64_t(st->S0.size()), 0.05f);
       },
-      [st](Backend b, RunContext& ctx) {
+      [st, split](Backend b, RunContext& ctx) {
         const int H = st->H;
         const int64_t n_tok = st->cu.back();
         float* o = ctx.out_f32(0, n_tok * H * D);
@@ -108,7 +113,10 @@ void add_prefill(CaseList& cases, std::vector<int> lens, bool zero_state) {
           p.q = st->q.data(), p.k = st->k.data(), p.v = st->v.data(), p.g = st->g.data();
           p.beta = st->beta.data(), p.S = S, p.o = ob.data();
           K3_ASSERT(kda_prefill_fast_check(p).ok());
-          kda_prefill_fast_ref(p);
+          if (split)
+            kda_prefill_split_emulate(p, 2);
+          else
+            kda_prefill_fast_ref(p);
           for (size_t i = 0; i < ob.size(); ++i) o[i] = bf16_to_f32(ob[i]);
         }
       }));
@@ -237,6 +245,9 @@ K3_OP_CASES(kda_fast_cases) {
   add_prefill(cases, {17}, false);
   add_prefill(cases, {64, 1, 100}, false);
   add_prefill(cases, {65, 17}, true);
+  add_prefill(cases, {17}, false, true);
+  add_prefill(cases, {64, 1, 100, 0, 130}, false, true);  // a zero-length sequence, windows across sequences
+  add_prefill(cases, {65, 17}, true, true);
   add_decode(cases);
 }
 
