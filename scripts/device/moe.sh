@@ -47,7 +47,7 @@ t0=$SECONDS
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
   if [ -x "$B/test-ops" ]; then
     echo "== test-ops moe (t=$((SECONDS - t0)) s)"
-    timeout 15 "$B/test-ops" test -o moe -b cuda 2>&1 | tail -20
+    for o in moe_route moe_experts; do timeout 15 "$B/test-ops" test -o $o -b cuda -v 2>&1 | tail -16; done
   fi
   if [ -x "$B/k3_tests" ]; then
     echo "== k3_tests GpuModel with K3_MOE_FAST=1 (t=$((SECONDS - t0)) s)"
