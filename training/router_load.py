@@ -77,10 +77,19 @@ def main(argv=None):
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--windows", type=int, default=0, help="first N windows of --text (0 = all)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--range", help="A:B: only windows A..B-1 (to split a long run; --merge adds the parts)")
+    ap.add_argument("--merge", nargs="+", help="JSON files of --range parts to add up (nothing is run)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
     routers, k = router_tensors(args.model)
+    if args.merge:
+        parts = [json.load(open(f)) for f in args.merge]
+        counts = {int(l) - 1: sum(np.asarray(p["counts"][l]) for p in parts) for l in parts[0]["counts"]}
+        n_tok = sum(p["tokens_routed"] for p in parts)
+        source = parts[0]["source"].split(" [")[0]
+        report(args, counts, n_tok, source)
+        return
     if args.tokens_npy:
         stream = np.load(args.tokens_npy).astype(np.int64)
         rng = np.random.default_rng(args.seed)
@@ -93,6 +102,10 @@ def main(argv=None):
         ids = np.asarray(enc.encode_ordinary(open(args.text, encoding="utf-8").read()), dtype=np.int64)
         chunks = [ids[b:min(b + args.ctx, len(ids)) - 1] for b in windows(len(ids), args.ctx, args.windows)]
         source = f"{args.text}: {len(chunks)} windows of {args.ctx}"
+    if args.range:
+        a, b = map(int, args.range.split(":"))
+        chunks = chunks[a:b]
+        source += f" [windows {a}:{min(b, a + len(chunks))}]"
     counts = {l: 0 for l in routers}
     n_tok = 0
     for i, c in enumerate(chunks):
@@ -101,6 +114,10 @@ def main(argv=None):
             counts[l] = counts[l] + route_counts(x[l], w, b, k)
         n_tok += len(c)
         print(f"window {i + 1}/{len(chunks)}", file=sys.stderr, flush=True)
+    report(args, counts, n_tok, source)
+
+
+def report(args, counts, n_tok, source):
     per_layer = []
     for l in sorted(counts):
         rel = counts[l] / counts[l].mean()
