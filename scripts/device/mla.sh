@@ -24,9 +24,9 @@ if [ "${1:-}" = "--pack" ]; then  # runs HERE
   for f in "$B"/test-ops "$B"/k3_tests "$B"/bench_mla_*; do [ -x "$f" ] && ldd "$f" 2>/dev/null; done | awk '/=> \//{print $3}' |
     sort -u | grep -v -E 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libcuda|libcublas|libcudart|libpthread|libdl|librt' |
     xargs -r -I{} cp -L {} "$B/lib/"
-  if [ -f "$B/k3_tests" ] && [ "$(stat -c %s "$B/k3_tests")" -gt 4000000 ]; then
-    xz -T2 -6 "$B/k3_tests"  # unpacked on the device
-  fi
+  for f in "$B"/test-ops "$B"/k3_tests; do  # the pack must stay under 6 MB: unpacked on the device
+    [ -f "$f" ] && xz -T2 -6 "$f"
+  done
   du -sh "$B"
   exit 0
 fi
@@ -35,23 +35,24 @@ mkdir -p "$out"
 cuda_libs=$(dirname "$(find /usr/local/cuda*/ /usr/lib /opt -name 'libcublas.so.13*' 2>/dev/null | head -1)" 2>/dev/null)
 export LD_LIBRARY_PATH="$here/$B/lib:${cuda_libs:-/usr/local/cuda/lib64}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 commit=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
-if [ -f "$B/k3_tests.xz" ]; then xz -dkc "$B/k3_tests.xz" >/tmp/mla_k3_tests && chmod +x /tmp/mla_k3_tests; fi
-k3_tests=$B/k3_tests
-[ -x /tmp/mla_k3_tests ] && k3_tests=/tmp/mla_k3_tests
+bin=/tmp/mla_bin
+mkdir -p "$bin"
+for f in "$B"/*.xz; do [ -f "$f" ] && xz -dkc "$f" >"$bin/$(basename "$f" .xz)" && chmod +x "$bin/$(basename "$f" .xz)"; done
+test_ops=$bin/test-ops k3_tests=$bin/k3_tests
 t0=$SECONDS
 {
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
   wg_ok=1
-  if [ -x "$B/test-ops" ]; then
+  if [ -x "$test_ops" ]; then
     for op in mla_decode_wgmma mla_prefill mla_decode; do
       echo "== test-ops $op (t=$((SECONDS - t0)) s)"
-      timeout 10 "$B/test-ops" test -o "$op" -b cuda -v 2>&1 | grep -E "FAIL|fail|passed|error|nmse" | tail -14
+      timeout 10 "$test_ops" test -o "$op" -b cuda -v 2>&1 | grep -E "FAIL|fail|passed|error|nmse" | tail -14
       rc=${PIPESTATUS[0]}
       if [ "$op" = mla_decode_wgmma ] && [ "$rc" != 0 ]; then wg_ok=0; fi
     done
     if [ $wg_ok = 0 ]; then  # the MN-major descriptor probe (docs/cuda.md)
       echo "== test-ops mla_decode_wgmma, K3_MLA_WG_VDESC=1 (t=$((SECONDS - t0)) s)"
-      K3_MLA_WG_VDESC=1 timeout 6 "$B/test-ops" test -o mla_decode_wgmma -b cuda 2>&1 | tail -3
+      K3_MLA_WG_VDESC=1 timeout 6 "$test_ops" test -o mla_decode_wgmma -b cuda 2>&1 | tail -3
     fi
   else
     echo "== decode checks, V descriptor swapped (t=$((SECONDS - t0)) s)"
