@@ -66,7 +66,9 @@ __device__ uint64_t mix(uint64_t i, uint64_t seed) {
   h ^= h >> 31, h *= 0xBF58476D1CE4E5B9ull, h ^= h >> 29;
   return h;
 }
-__device__ float unif(uint64_t i, uint64_t seed) { return float(mix(i, seed) >> 40) * (1.f / 16777216.f); }
+__device__ float unif(uint64_t i, uint64_t seed) {
+  return float(mix(i, seed) >> 40) * (1.f / 16777216.f);
+}
 
 // uniform(-a, a) as bf16 (kind 0); structured (kind 1): a few outlier channels x8, a shared low-rank part
 __global__ void fill_bf16(uint16_t* x, size_t n, int width, float a, int kind, uint64_t seed) {
@@ -119,7 +121,8 @@ double copy_bandwidth(GpuContext& g) {
   CK(cudaMalloc(&a, bytes));
   CK(cudaMalloc(&b, bytes));
   CK(cudaMemset(a, 1, bytes));
-  const double us = median_us(g, [&](int) { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g.stream)); }, 7);
+  const double us = median_us(
+      g, [&](int) { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g.stream)); }, 7);
   CK(cudaFree(a));
   CK(cudaFree(b));
   const double gbps = 2.0 * bytes / us * 1e-3;
@@ -129,7 +132,8 @@ double copy_bandwidth(GpuContext& g) {
 
 double nmse(const std::vector<float>& y, const std::vector<float>& r) {
   double num = 0, den = 0;
-  for (size_t i = 0; i < r.size(); ++i) num += (double(y[i]) - r[i]) * (double(y[i]) - r[i]), den += double(r[i]) * r[i];
+  for (size_t i = 0; i < r.size(); ++i)
+    num += (double(y[i]) - r[i]) * (double(y[i]) - r[i]), den += double(r[i]) * r[i];
   return den > 0 ? num / den : num;
 }
 
@@ -183,9 +187,11 @@ Keys make_keys(GpuContext& g, const Pool& pool, int kind, uint64_t seed) {
     }
     CK(cudaMemcpyAsync(seq, hs.data(), size_t(m) * 4, cudaMemcpyHostToDevice, g.stream));
     CK(cudaMemcpyAsync(pos, hp.data(), size_t(m) * 4, cudaMemcpyHostToDevice, g.stream));
-    bf16_to_f32_k<<<1024, 256, 0, g.stream>>>(rows, static_cast<uint16_t*>(k.bf16) + size_t(t0) * kDi, size_t(m) * kDi);
+    bf16_to_f32_k<<<1024, 256, 0, g.stream>>>(rows, static_cast<uint16_t*>(k.bf16) + size_t(t0) * kDi,
+                                              size_t(m) * kDi);
     DsaKeyStoreParams s;
-    s.cache.fmt = DsaKeyFormat::fp8, s.cache.d_head = kDi, s.cache.page_size = kP, s.cache.max_pages = pool.max_pages;
+    s.cache.fmt = DsaKeyFormat::fp8, s.cache.d_head = kDi, s.cache.page_size = kP,
+    s.cache.max_pages = pool.max_pages;
     s.cache.n_pages = pool.n_pages, s.cache.pages = k.fp8, s.cache.block_table = pool.d_table;
     s.n_tok = m, s.k = rows, s.seq = seq, s.pos = pos;
     dsa_key_store_cuda(s, g);
@@ -221,8 +227,8 @@ HostKeys host_keys(const Pool& pool, const void* dev_pages, DsaKeyFormat fmt, in
   for (int j = 0; j < np; ++j) {
     h.table[size_t(j)] = j;
     const int32_t page = pool.table[size_t(b) * pool.max_pages + size_t(j)];
-    CK(cudaMemcpy(h.pages.data() + size_t(j) * pb, static_cast<const uint8_t*>(dev_pages) + size_t(page) * pb, pb,
-                  cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(h.pages.data() + size_t(j) * pb, static_cast<const uint8_t*>(dev_pages) + size_t(page) * pb,
+                  pb, cudaMemcpyDeviceToHost));
   }
   return h;
 }
@@ -282,14 +288,16 @@ int main(int argc, char** argv) {
     set_lens(n);
     for (int mode = 0; mode < 3; ++mode) {
       const DsaKeyFormat fmt = mode == 2 ? DsaKeyFormat::fp8 : DsaKeyFormat::bf16;
-      DsaIndexParams p = index_params(pool, mode == 2 ? keys.fp8 : keys.bf16, fmt, 1, lens, q, w, score, kMax);
+      DsaIndexParams p =
+          index_params(pool, mode == 2 ? keys.fp8 : keys.bf16, fmt, 1, lens, q, w, score, kMax);
       p.q_exact = mode == 1;
       dsa_index_cuda(p, g);
       CK(cudaStreamSynchronize(g.stream));
       std::vector<float> got = down(score, size_t(n)), ref(static_cast<size_t>(n));
       HostKeys hk = host_keys(pool, mode == 2 ? keys.fp8 : keys.bf16, fmt, 0, n);
       DsaIndexParams r = p;
-      r.cache.pages = hk.pages.data(), r.cache.block_table = hk.table.data(), r.cache.max_pages = int(hk.table.size());
+      r.cache.pages = hk.pages.data(), r.cache.block_table = hk.table.data(),
+      r.cache.max_pages = int(hk.table.size());
       r.cache.n_pages = int64_t(hk.table.size());
       std::vector<int32_t> hl(1, n);
       r.ctx_len = hl.data(), r.max_ctx = n, r.q = hq.data(), r.w = hw.data(), r.score = ref.data(), r.ld = n;
@@ -297,12 +305,16 @@ int main(int argc, char** argv) {
       const double e = nmse(got, ref);
       const char* name[3] = {"bf16", "bf16_qexact", "fp8"};
       std::printf("index scores %s vs fp64 reference: NMSE %.3g\n", name[mode], e);
-      check(e < (mode == 2 ? 1e-6 : mode == 1 ? 1e-8 : 1e-8), std::string("index scores ") + name[mode] + " 32K");
+      check(e < (mode == 2   ? 1e-6
+                 : mode == 1 ? 1e-8
+                             : 1e-8),
+            std::string("index scores ") + name[mode] + " 32K");
     }
     set_lens(kMax);
     dsa_index_cuda(index_params(pool, keys.bf16, DsaKeyFormat::bf16, B, lens, q, w, score, kMax), g);
     DsaTopkParams t;
-    t.n_row = B, t.topk = kTopk, t.ld = kMax, t.score = score, t.row_len = lens, t.max_len = kMax, t.sel = sel;
+    t.n_row = B, t.topk = kTopk, t.ld = kMax, t.score = score, t.row_len = lens, t.max_len = kMax,
+    t.sel = sel;
     dsa_topk_cuda(t, g);
     CK(cudaStreamSynchronize(g.stream));
     std::vector<float> hs = down(score, size_t(B) * kMax);
@@ -350,16 +362,19 @@ int main(int argc, char** argv) {
         const std::string m = tag + (f ? "_index_fp8" : "_index_bf16");
         emit(m + "_us", us, "us");
         emit(m + "_key_GBps", bytes / us * 1e-3, "GB/s", "cudaMemcpy D2D GB/s", copy,
-             ctx == 131072 ? "indexer within 1.3x of its byte floor (>= 0.77 of copy bandwidth)" : nullptr, 1 / 1.3);
+             ctx == 131072 ? "indexer within 1.3x of its byte floor (>= 0.77 of copy bandwidth)" : nullptr,
+             1 / 1.3);
       }
       // top-k over the bf16 scores of this context (recomputed: the timing above rotated the rows)
       dsa_index_cuda(index_params(pool, keys.bf16, DsaKeyFormat::bf16, nb, lens, q0, w, score, kMax), g);
       DsaTopkParams t;
-      t.n_row = nb, t.topk = kTopk, t.ld = kMax, t.score = score, t.row_len = lens, t.max_len = ctx, t.sel = sel;
+      t.n_row = nb, t.topk = kTopk, t.ld = kMax, t.score = score, t.row_len = lens, t.max_len = ctx,
+      t.sel = sel;
       const double tk = median_us(g, [&](int) { dsa_topk_cuda(t, g); });
       (nb == 1 ? topk_us_b1 : topk_us_b64).push_back(tk);
       const double tk8 = (nb == 1 ? topk_us_b1 : topk_us_b64).front();
-      emit(tag + "_topk_us", tk, "us", "top-k us at 8K", tk8, "flat in context (<= 1.3x the 8K time)", 1 / 1.3);
+      emit(tag + "_topk_us", tk, "us", "top-k us at 8K", tk8, "flat in context (<= 1.3x the 8K time)",
+           1 / 1.3);
       // sparse MLA over the selection
       MlaSparseParams s = sp;
       s.n_q = nb;
@@ -380,8 +395,8 @@ int main(int argc, char** argv) {
     for (int j = 0; j < kTopk; ++j) {
       const int32_t s0 = hsel[size_t(j)];
       const int32_t page = pool.table[size_t(s0 / kP)];
-      CK(cudaMemcpy(rows.data() + size_t(j) * kMlaRow, latent + (size_t(page) * kP + s0 % kP) * kMlaRow, kMlaRow * 2,
-                    cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(rows.data() + size_t(j) * kMlaRow, latent + (size_t(page) * kP + s0 % kP) * kMlaRow,
+                    kMlaRow * 2, cudaMemcpyDeviceToHost));
       table[size_t(s0)] = j;
     }
     CK(cudaMemcpy(hq.data(), qm, hq.size() * 2, cudaMemcpyDeviceToHost));
@@ -411,7 +426,8 @@ int main(int argc, char** argv) {
           for (int e = 0; e < kDi; ++e) {
             uint16_t v;
             std::memcpy(&v, one.pages.data() + (size_t(slot) * kDi + e) * 2, 2);
-            hq2[(size_t(i) * kH + h) * kDi + e] = 0.3f * bf16_to_f32(v) + 0.05f * float(int(r() % 200) - 100) / 100.f;
+            hq2[(size_t(i) * kH + h) * kDi + e] =
+                0.3f * bf16_to_f32(v) + 0.05f * float(int(r() % 200) - 100) / 100.f;
           }
         }
       CK(cudaMemcpy(q, hq2.data(), hq2.size() * 4, cudaMemcpyHostToDevice));
@@ -420,12 +436,13 @@ int main(int argc, char** argv) {
     std::vector<std::vector<float>> sc(2);
     std::vector<std::vector<int32_t>> se(2);
     for (int f = 0; f < 2; ++f) {
-      DsaIndexParams p = index_params(pp, f ? kk.fp8 : kk.bf16, f ? DsaKeyFormat::fp8 : DsaKeyFormat::bf16, nb, lens,
-                                      q, w, score, kMax);
+      DsaIndexParams p = index_params(pp, f ? kk.fp8 : kk.bf16, f ? DsaKeyFormat::fp8 : DsaKeyFormat::bf16,
+                                      nb, lens, q, w, score, kMax);
       p.max_ctx = ctx;
       dsa_index_cuda(p, g);
       DsaTopkParams t;
-      t.n_row = nb, t.topk = kTopk, t.ld = kMax, t.score = score, t.row_len = lens, t.max_len = ctx, t.sel = sel;
+      t.n_row = nb, t.topk = kTopk, t.ld = kMax, t.score = score, t.row_len = lens, t.max_len = ctx,
+      t.sel = sel;
       dsa_topk_cuda(t, g);
       CK(cudaStreamSynchronize(g.stream));
       sc[size_t(f)].resize(size_t(nb) * ctx);
@@ -444,8 +461,8 @@ int main(int argc, char** argv) {
     }
     const double overlap = double(same) / (double(nb) * kTopk), e = nmse(sc[1], sc[0]);
     const std::string tag = std::string("fp8_vs_bf16_") + (kind ? "structured" : "random") + "_b8_ctx32k";
-    emit(tag + "_topk_overlap", overlap, "fraction", "goal (MODEL.md §13: >= 99% of selected positions)", 0.99,
-         ">= 0.99 overlap", 1.0);
+    emit(tag + "_topk_overlap", overlap, "fraction", "goal (MODEL.md §13: >= 99% of selected positions)",
+         0.99, ">= 0.99 overlap", 1.0);
     emit(tag + "_score_nmse", e, "nmse");
     if (kind == 1) {
       CK(cudaFree(k2.bf16));

@@ -7,13 +7,13 @@
 //
 // Opt-in (K3_DSA_FAST=1; compiled but NOT yet run on a GPU, so the default stays the generic path below,
 // validated on the H200 in session 2), bf16 mode (index head dim a multiple of 16, <= 128; <= 64 index
-// heads): the ops of ops/dsa_index.h and ops/dsa_topk.h. The fp32 index keys of the state (bf16 values in this mode) are stored as bf16 pages
-// (dsa_key_store_cuda, exact), scored on tensor cores (q^I and a are bf16 already: the linears round their
-// outputs in this mode, on the CPU too), and the exact radix top-k picks the same set as the CPU's
-// partial_sort of the same scores; the scores differ from the CPU's only by fp32 summation order.
-// fp32 mode keeps the generic path: selection without sorting, s is selected iff fewer than topk positions
-// beat it (larger score, or equal score at a lower position), then the selected positions are compacted in
-// ascending order with a block scan (O(n_vis^2) per query; exact fp32 sums in the CPU's order).
+// heads): the ops of ops/dsa_index.h and ops/dsa_topk.h. The fp32 index keys of the state (bf16 values in
+// this mode) are stored as bf16 pages (dsa_key_store_cuda, exact), scored on tensor cores (q^I and a are bf16
+// already: the linears round their outputs in this mode, on the CPU too), and the exact radix top-k picks the
+// same set as the CPU's partial_sort of the same scores; the scores differ from the CPU's only by fp32
+// summation order. fp32 mode keeps the generic path: selection without sorting, s is selected iff fewer than
+// topk positions beat it (larger score, or equal score at a lower position), then the selected positions are
+// compacted in ascending order with a block scan (O(n_vis^2) per query; exact fp32 sums in the CPU's order).
 #include <cub/block/block_scan.cuh>
 
 #include <cmath>

@@ -14,7 +14,8 @@
 // Only I[i, s < n_i] is written; score rows have stride ld >= every n_i.
 // Shapes: q [n_q, Hi, Di], w [n_q, Hi] fp32; Di % 16 == 0, Di <= 128; 1 <= Hi <= 64.
 //
-// CUDA: tensor-core mma (bf16 m16n8k16; FP8 keys are widened to f16 in registers and q is scaled per head into
+// CUDA: tensor-core mma (bf16 m16n8k16; FP8 keys are widened to f16 in registers and q is scaled per head
+// into
 // [-1, 1] in f16, the scale folded into w). A CTA of 4 warps streams tiles of 64 keys of one sequence through
 // shared memory (cp.async, 3 stages); each warp keeps one query's q fragments in registers and scores its
 // 16-key slices: keys are the M side, heads the N side, so the head sum is a per-lane sum plus two shuffles.
@@ -34,9 +35,9 @@ enum class DsaKeyFormat { bf16, fp8 };
 
 struct DsaKeyCache {
   DsaKeyFormat fmt = DsaKeyFormat::bf16;
-  int d_head = 0;       // Di
-  int page_size = 0;    // P
-  int max_pages = 0;    // block_table row length
+  int d_head = 0;     // Di
+  int page_size = 0;  // P
+  int max_pages = 0;  // block_table row length
   int64_t n_pages = 0;
   void* pages = nullptr;                 // n_pages * dsa_key_page_bytes(...)
   const int32_t* block_table = nullptr;  // [n_seq, max_pages]
@@ -59,7 +60,7 @@ void dsa_key_store_cuda(const DsaKeyStoreParams& p, GpuContext& g);
 
 struct DsaIndexParams {
   DsaKeyCache cache;
-  int n_head = 0;                    // Hi
+  int n_head = 0;  // Hi
   int n_q = 0;
   const int32_t* ctx_len = nullptr;  // decode: [n_q]; nullptr: prefill
   int64_t n_past = 0;                // prefill
@@ -67,10 +68,10 @@ struct DsaIndexParams {
   const float* q = nullptr;          // [n_q, Hi, Di]
   const float* w = nullptr;          // [n_q, Hi]
   float scale = 1.f;
-  bool q_exact = false;              // bf16 keys only
-  float* score = nullptr;            // [n_q, ld]
+  bool q_exact = false;    // bf16 keys only
+  float* score = nullptr;  // [n_q, ld]
   int64_t ld = 0;
-  int n_split = 0;                   // cuda decode: CTAs per query, 0 = chosen from max_ctx and the SMs
+  int n_split = 0;  // cuda decode: CTAs per query, 0 = chosen from max_ctx and the SMs
 };
 Status dsa_index_check(const DsaIndexParams& p);
 // fp64 sums over the stored keys (fp8: sc * e4m3) and q~.

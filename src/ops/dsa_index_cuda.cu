@@ -1,12 +1,12 @@
 // dsa_index_cuda.cu: DSA index-key store and tensor-core index scores over the paged key cache (dsa_index.h).
 //
-// index_kernel<KS, NT, MODE>: KS = Di / 16 k-steps, NT = head tiles of 8 (heads past Hi are zero), MODE bf16 /
-// bf16 exact (q = hi + lo, two mma) / fp8 (e4m3 keys widened to f16 pairs in registers, q scaled per head into
-// [-1, 1] in f16, the scale folded into w). mma m16n8k16: A = 16 keys x 16 dims from shared memory, B = the
-// query's q^T fragments held in registers, C = scores [16 keys x 8 heads]; the epilogue forms
+// index_kernel<KS, NT, MODE>: KS = Di / 16 k-steps, NT = head tiles of 8 (heads past Hi are zero), MODE:
+// bf16, bf16 exact (q = hi + lo, two mma), or fp8 (e4m3 keys widened to f16 pairs in registers, q scaled per
+// head into [-1, 1] in f16, the scale folded into w). mma m16n8k16: A = 16 keys x 16 dims from shared
+// memory, B = the query's q^T fragments held in registers, C = scores [16 keys x 8 heads]; the epilogue forms
 // sum_h w_h relu(c) per key (per-lane sum over its 2 heads of each tile, shuffles over the 4 lanes of a row).
-// Instantiated for (Di, Hi) = (128, 25..32) (K3.1: bf16, exact, fp8) and (16, 1..8) (tiny-k31: bf16); other shapes run
-// index_simple_kernel (CUDA cores, one thread per score, the same contract).
+// Instantiated for (Di, Hi) = (128, 25..32) (K3.1: bf16, exact, fp8) and (16, 1..8) (tiny-k31: bf16); other
+// shapes run index_simple_kernel (CUDA cores, one thread per score, the same contract).
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -24,11 +24,13 @@ constexpr int kStages = 3;
 
 enum Mode { kBf16 = 0, kExact = 1, kFp8 = 2 };
 
-__host__ __device__ __forceinline__ size_t dsa_key_page_bytes_dev(DsaKeyFormat fmt, int page_size, int d_head) {
+__host__ __device__ __forceinline__ size_t dsa_key_page_bytes_dev(DsaKeyFormat fmt, int page_size,
+                                                                  int d_head) {
   return size_t(page_size) * (fmt == DsaKeyFormat::bf16 ? size_t(d_head) * 2 : size_t(d_head) + 4);
 }
 
-__device__ __forceinline__ const uint8_t* page_base(const DsaKeyCache& c, int b, int64_t s, size_t page_bytes) {
+__device__ __forceinline__ const uint8_t* page_base(const DsaKeyCache& c, int b, int64_t s,
+                                                    size_t page_bytes) {
   const int32_t page = c.block_table[int64_t(b) * c.max_pages + s / c.page_size];
   return static_cast<const uint8_t*>(c.pages) + size_t(page) * page_bytes;
 }
@@ -41,9 +43,13 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
   const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
 }
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
 template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* smem) {
   const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
@@ -55,15 +61,17 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* smem) {
 template <bool kF16>
 __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
   if constexpr (kF16)
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
   else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -86,8 +94,8 @@ __device__ __forceinline__ int64_t ctx_of(const DsaIndexParams& p, int i) {
 
 // Tile t of [k0, k1) of sequence b into stage `stage`: key rows (and fp8 scales) by cp.async.
 template <int Di, bool kF8, int kRowBytes>
-__device__ __forceinline__ void load_tile(const DsaIndexParams& p, uint8_t* smem, float* sc_smem, int b, int64_t k0,
-                                          int64_t k1, size_t page_bytes, int t, int stage) {
+__device__ __forceinline__ void load_tile(const DsaIndexParams& p, uint8_t* smem, float* sc_smem, int b,
+                                          int64_t k0, int64_t k1, size_t page_bytes, int t, int stage) {
   const int64_t s0 = k0 + int64_t(t) * kTileKeys;
   uint8_t* dst = smem + stage * kTileKeys * kRowBytes;
   constexpr int kChunks = (kF8 ? Di : 2 * Di) / 16;  // 16-byte chunks per key row
@@ -104,7 +112,8 @@ __device__ __forceinline__ void load_tile(const DsaIndexParams& p, uint8_t* smem
       const int64_t s = s0 + r;
       if (s >= k1) continue;
       const uint8_t* base = page_base(p.cache, b, s, page_bytes);
-      cp_async4(sc_smem + stage * kTileKeys + r, base + size_t(p.cache.page_size) * Di + (s % p.cache.page_size) * 4);
+      cp_async4(sc_smem + stage * kTileKeys + r,
+                base + size_t(p.cache.page_size) * Di + (s % p.cache.page_size) * 4);
     }
   }
 }
@@ -144,7 +153,8 @@ __global__ void __launch_bounds__(kThreads) index_kernel(DsaIndexParams p, int q
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) m = fmaxf(m, fabsf(q[h * Di + ks * 16 + (lane % 4) * 2 + (j & 1) + (j >> 1) * 8]));
+          for (int j = 0; j < 4; ++j)
+            m = fmaxf(m, fabsf(q[h * Di + ks * 16 + (lane % 4) * 2 + (j & 1) + (j >> 1) * 8]));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
       sq[nt] = m > 0.f ? m : 1.f;
@@ -159,7 +169,8 @@ __global__ void __launch_bounds__(kThreads) index_kernel(DsaIndexParams p, int q
           } else {
             bq[nt][ks][r] = pack_bf16(x0, x1);
             if constexpr (MODE == kExact) {
-              const float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
+              const float h0 = __bfloat162float(__float2bfloat16_rn(x0)),
+                          h1 = __bfloat162float(__float2bfloat16_rn(x1));
               bl[nt][ks][r] = pack_bf16(x0 - h0, x1 - h1);
             }
           }
@@ -178,7 +189,6 @@ __global__ void __launch_bounds__(kThreads) index_kernel(DsaIndexParams p, int q
   const int64_t n_q_ctx = q_ok ? ctx_of(p, qi) : 0;
   float* out = p.score + int64_t(q_ok ? qi : i0) * p.ld;
 
-
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
     if (st < n_tiles) load_tile<Di, kF8, kRowBytes>(p, smem, sc_smem, b, k0, k1, page_bytes, st, st);
@@ -189,7 +199,8 @@ __global__ void __launch_bounds__(kThreads) index_kernel(DsaIndexParams p, int q
     cp_wait<kStages - 2>();
     __syncthreads();
     if (t + kStages - 1 < n_tiles)
-      load_tile<Di, kF8, kRowBytes>(p, smem, sc_smem, b, k0, k1, page_bytes, t + kStages - 1, (t + kStages - 1) % kStages);
+      load_tile<Di, kF8, kRowBytes>(p, smem, sc_smem, b, k0, k1, page_bytes, t + kStages - 1,
+                                    (t + kStages - 1) % kStages);
     cp_commit();
     const int stage = t % kStages;
     const uint8_t* tile = smem + stage * kTileKeys * kRowBytes;

@@ -20,7 +20,8 @@ Status check_cache(const DsaKeyCache& c, const char* op) {
   if (c.fmt == DsaKeyFormat::fp8 && (size_t(c.page_size) * size_t(c.d_head + 4)) % 16 != 0)
     return error(Code::unsupported, std::string(op) + ": fp8 pages of " + std::to_string(c.page_size) +
                                         " tokens are not 16-byte aligned (page_size * (Di + 4) % 16 != 0)");
-  if (!c.pages || !c.block_table) return error(Code::invalid_argument, std::string(op) + ": null cache pointer");
+  if (!c.pages || !c.block_table)
+    return error(Code::invalid_argument, std::string(op) + ": null cache pointer");
   return ok_status();
 }
 
@@ -28,7 +29,8 @@ Status check_cache(const DsaKeyCache& c, const char* op) {
 const uint8_t* key_row(const DsaKeyCache& c, int b, int64_t s, const float** sc) {
   const int32_t page = c.block_table[size_t(b) * c.max_pages + size_t(s / c.page_size)];
   K3_ASSERT(page >= 0 && page < c.n_pages);
-  const uint8_t* base = static_cast<const uint8_t*>(c.pages) + size_t(page) * dsa_key_page_bytes(c.fmt, c.page_size, c.d_head);
+  const uint8_t* base =
+      static_cast<const uint8_t*>(c.pages) + size_t(page) * dsa_key_page_bytes(c.fmt, c.page_size, c.d_head);
   const int64_t slot = s % c.page_size;
   if (c.fmt == DsaKeyFormat::bf16) return base + size_t(slot) * c.d_head * 2;
   *sc = reinterpret_cast<const float*>(base + size_t(c.page_size) * c.d_head) + slot;
@@ -44,7 +46,7 @@ size_t dsa_key_page_bytes(DsaKeyFormat fmt, int page_size, int d_head) {
 uint8_t dsa_f32_to_e4m3(float x) {
   if (std::isnan(x)) return 0x7F;
   const uint8_t sign = std::signbit(x) ? 0x80 : 0;
-  const double a = std::min<double>(std::fabs(double(x)), 448.0);  // satfinite
+  const double a = std::min<double>(std::fabs(double(x)), 448.0);               // satfinite
   if (a < 0.015625) return uint8_t(sign | uint8_t(std::nearbyint(a * 512.0)));  // subnormal (8 = min normal)
   int e = 0;
   const double m = std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1)
@@ -89,7 +91,8 @@ void dsa_key_store_ref(const DsaKeyStoreParams& p) {
 Status dsa_index_check(const DsaIndexParams& p) {
   K3_RETURN_IF_ERROR(check_cache(p.cache, "dsa_index"));
   if (p.n_head < 1 || p.n_head > 64)
-    return error(Code::unsupported, "dsa_index: " + std::to_string(p.n_head) + " index heads (supported 1..64)");
+    return error(Code::unsupported,
+                 "dsa_index: " + std::to_string(p.n_head) + " index heads (supported 1..64)");
   if (p.n_q < 0) return error(Code::invalid_argument, "dsa_index: n_q < 0");
   const int64_t cap = int64_t(p.cache.max_pages) * p.cache.page_size;
   if (p.max_ctx < 1 || p.max_ctx > cap || p.max_ctx > p.ld || (!p.ctx_len && p.n_past + p.n_q > p.max_ctx))
@@ -98,7 +101,8 @@ Status dsa_index_check(const DsaIndexParams& p) {
                                              std::to_string(cap) + ") and ld " + std::to_string(p.ld));
   if (p.q_exact && p.cache.fmt != DsaKeyFormat::bf16)
     return error(Code::unsupported, "dsa_index: q_exact needs bf16 keys");
-  if (p.n_q > 0 && (!p.q || !p.w || !p.score)) return error(Code::invalid_argument, "dsa_index: null pointer");
+  if (p.n_q > 0 && (!p.q || !p.w || !p.score))
+    return error(Code::invalid_argument, "dsa_index: null pointer");
   return ok_status();
 }
 

@@ -28,9 +28,9 @@ struct DsaTopkParams {
   const float* score = nullptr;      // [n_row, ld]
   const int32_t* row_len = nullptr;  // [n_row]; nullptr: n_i = len0 + i
   int64_t len0 = 0;
-  int64_t max_len = 0;               // host bound on every n_i (<= ld)
-  int32_t* sel = nullptr;            // [n_row, topk]
-  int cluster = 0;                   // cuda: CTAs per row (1..8), 0 = from max_len
+  int64_t max_len = 0;     // host bound on every n_i (<= ld)
+  int32_t* sel = nullptr;  // [n_row, topk]
+  int cluster = 0;         // cuda: CTAs per row (1..8), 0 = from max_len
 };
 
 // Shape checks (no pointer is dereferenced).

@@ -23,9 +23,9 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kThreads = 512;
-constexpr int kItems = 8;                     // consecutive keys per thread in the compaction pass
-constexpr int kTile = kThreads * kItems;      // <= 65535: two 16-bit counts packed in one scan value
-constexpr int64_t kKeysPerCta = 16384;        // cluster size = ceil(max_len / this), <= 8
+constexpr int kItems = 8;                 // consecutive keys per thread in the compaction pass
+constexpr int kTile = kThreads * kItems;  // <= 65535: two 16-bit counts packed in one scan value
+constexpr int64_t kKeysPerCta = 16384;    // cluster size = ceil(max_len / this), <= 8
 
 __device__ __forceinline__ uint32_t order_key(float f) {
   if (f == 0.f) f = 0.f;  // -0 ties with +0, as the float comparison says
@@ -160,7 +160,8 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(DsaTopkParams p) {
 void dsa_topk_cuda(const DsaTopkParams& p, GpuContext& g) {
   K3_ASSERT(dsa_topk_check(p).ok());
   if (p.n_row == 0) return;
-  int C = p.cluster > 0 ? p.cluster : int(std::clamp<int64_t>((p.max_len + kKeysPerCta - 1) / kKeysPerCta, 1, 8));
+  int C =
+      p.cluster > 0 ? p.cluster : int(std::clamp<int64_t>((p.max_len + kKeysPerCta - 1) / kKeysPerCta, 1, 8));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(p.n_row) * unsigned(C));
   cfg.blockDim = dim3(kThreads);

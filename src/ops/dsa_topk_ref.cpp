@@ -10,11 +10,12 @@ namespace k3 {
 
 Status dsa_topk_check(const DsaTopkParams& p) {
   if (p.n_row < 0 || p.topk < 1)
-    return error(Code::invalid_argument, "dsa_topk: n_row must be >= 0 and topk >= 1 (topk=" +
-                                             std::to_string(p.topk) + ")");
+    return error(Code::invalid_argument,
+                 "dsa_topk: n_row must be >= 0 and topk >= 1 (topk=" + std::to_string(p.topk) + ")");
   if (p.max_len < 0 || p.max_len > p.ld || (!p.row_len && p.len0 + p.n_row - 1 > p.max_len))
     return error(Code::invalid_argument, "dsa_topk: max_len " + std::to_string(p.max_len) +
-                                             " must bound every row length and be <= ld " + std::to_string(p.ld));
+                                             " must bound every row length and be <= ld " +
+                                             std::to_string(p.ld));
   if (p.max_len > (int64_t(1) << 30))
     return error(Code::unsupported, "dsa_topk: rows longer than 2^30 (" + std::to_string(p.max_len) + ")");
   if (p.cluster < 0 || p.cluster > 8) return error(Code::invalid_argument, "dsa_topk: cluster must be 0..8");

@@ -24,16 +24,16 @@ namespace k3 {
 struct MlaSparseParams {
   int n_q = 0, n_head = 0;
   int topk = 0;
-  const int32_t* sel = nullptr;          // [n_q, topk]
+  const int32_t* sel = nullptr;  // [n_q, topk]
   int page_size = 0, max_pages = 0;
   int64_t n_pages = 0;
   const int32_t* block_table = nullptr;  // [n_q, max_pages], or [1, max_pages] when shared_table
   bool shared_table = false;
-  const uint16_t* cache = nullptr;       // bf16 [n_pages, P, 576]
-  const uint16_t* q = nullptr;           // bf16 [n_q, n_head, 576]
+  const uint16_t* cache = nullptr;  // bf16 [n_pages, P, 576]
+  const uint16_t* q = nullptr;      // bf16 [n_q, n_head, 576]
   float scale = 1.f;
-  float* out = nullptr;                  // [n_q, n_head, 512]
-  void* scratch = nullptr;               // cuda: mla_sparse_scratch_bytes(n_q, topk)
+  float* out = nullptr;     // [n_q, n_head, 512]
+  void* scratch = nullptr;  // cuda: mla_sparse_scratch_bytes(n_q, topk)
 };
 
 Status mla_sparse_check(const MlaSparseParams& p);

@@ -27,7 +27,8 @@ __global__ void gather_kernel(MlaSparseParams p, uint16_t* rows, int32_t* len, i
   if (s < 0) return;
   const int32_t* bt = p.block_table + (p.shared_table ? 0 : int64_t(i) * p.max_pages);
   const int32_t page = bt[s / p.page_size];
-  const uint4* src = reinterpret_cast<const uint4*>(p.cache + (int64_t(page) * p.page_size + s % p.page_size) * kMlaRow);
+  const uint4* src =
+      reinterpret_cast<const uint4*>(p.cache + (int64_t(page) * p.page_size + s % p.page_size) * kMlaRow);
   uint4* dst = reinterpret_cast<uint4*>(rows + (int64_t(i) * p.topk + j) * kMlaRow);
   for (int c = lane; c < kMlaRow * 2 / 16; c += 32) dst[c] = src[c];
 }

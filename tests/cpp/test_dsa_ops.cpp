@@ -1,7 +1,8 @@
 // test_dsa_ops.cpp: host checks of the DSA ops (ops/dsa_index.h, ops/dsa_topk.h) that need no GPU.
 //   - the FP8 index-key encoder: every finite e4m3 code survives decode -> encode, midpoints round to even,
 //     large values saturate to 448; the store's scale makes max|k| land on 448
-//   - a host emulation of the CUDA radix top-k (same chunking over a cluster of CTAs, the same 4 digit passes,
+//   - a host emulation of the CUDA radix top-k (same chunking over a cluster of CTAs, the same 4 digit
+//   passes,
 //     the same output-slot formula) equals the reference top-k on rows with heavy ties, +0/-0, and 1M entries
 //   - FP8 vs bf16 index keys on the reference path: top-2048 overlap and score NMSE on random and structured
 //     keys (printed; the bounds are the values measured with these seeds, with margin)
@@ -62,7 +63,8 @@ TEST(DsaFp8, StoreScalesTheLargestEntryTo448) {
   ASSERT_TRUE(dsa_key_store_check(s).ok());
   dsa_key_store_ref(s);
   for (int t = 0; t < 6; ++t) {
-    const uint8_t* page = pages.data() + size_t(table[size_t(t / P)]) * dsa_key_page_bytes(DsaKeyFormat::fp8, P, Di);
+    const uint8_t* page =
+        pages.data() + size_t(table[size_t(t / P)]) * dsa_key_page_bytes(DsaKeyFormat::fp8, P, Di);
     float sc;
     std::memcpy(&sc, page + size_t(P) * Di + size_t(t % P) * 4, 4);
     float amax = 0, worst = 0;
@@ -155,11 +157,21 @@ TEST(DsaTopk, RadixEmulationEqualsReferenceWithTies) {
     for (float& v : s) {
       const uint64_t u = r();
       switch (row.law) {
-        case 0: v = nd(r); break;                                        // distinct
-        case 1: v = float(int(u % 4)) - 1.f; break;                      // 4 levels
-        case 2: v = u % 3 == 0 ? 0.5f : (u % 2 ? 0.f : -0.f); break;     // +0 / -0 ties
-        case 3: v = 1.25f; break;                                        // one value
-        case 4: v = u % 5 == 0 ? -std::ldexp(1.f, -130) : -0.f; break;   // denormals and zeros below 0
+        case 0:
+          v = nd(r);
+          break;  // distinct
+        case 1:
+          v = float(int(u % 4)) - 1.f;
+          break;  // 4 levels
+        case 2:
+          v = u % 3 == 0 ? 0.5f : (u % 2 ? 0.f : -0.f);
+          break;  // +0 / -0 ties
+        case 3:
+          v = 1.25f;
+          break;  // one value
+        case 4:
+          v = u % 5 == 0 ? -std::ldexp(1.f, -130) : -0.f;
+          break;  // denormals and zeros below 0
       }
     }
     std::vector<int32_t> got(topk), ref(topk);
@@ -249,8 +261,9 @@ Fp8Study fp8_study(bool structured, int n_q, int ctx, uint64_t seed) {
   int64_t same = 0;
   for (int i = 0; i < n_q; ++i) {
     std::vector<int32_t> both;
-    std::set_intersection(sel[0].begin() + i * topk, sel[0].begin() + (i + 1) * topk, sel[1].begin() + i * topk,
-                          sel[1].begin() + (i + 1) * topk, std::back_inserter(both));
+    std::set_intersection(sel[0].begin() + i * topk, sel[0].begin() + (i + 1) * topk,
+                          sel[1].begin() + i * topk, sel[1].begin() + (i + 1) * topk,
+                          std::back_inserter(both));
     same += int64_t(both.size());
   }
   double num = 0, den = 0;
@@ -261,9 +274,10 @@ Fp8Study fp8_study(bool structured, int n_q, int ctx, uint64_t seed) {
 
 TEST(DsaFp8, IndexKeysAgainstBf16OnTheReference) {
   const Fp8Study rnd = fp8_study(false, 4, 8192, 5), str = fp8_study(true, 4, 8192, 6);
-  std::printf("[ fp8 vs bf16 index keys, 4 queries x 8192 keys, top-2048: random overlap %.4f score NMSE %.3g; "
-              "structured overlap %.4f score NMSE %.3g ]\n",
-              rnd.overlap, rnd.nmse, str.overlap, str.nmse);
+  std::printf(
+      "[ fp8 vs bf16 index keys, 4 queries x 8192 keys, top-2048: random overlap %.4f score NMSE %.3g; "
+      "structured overlap %.4f score NMSE %.3g ]\n",
+      rnd.overlap, rnd.nmse, str.overlap, str.nmse);
   EXPECT_LT(rnd.nmse, 3e-3);  // measured 6.9e-4 (random), 1.6e-4 (structured)
   EXPECT_LT(str.nmse, 3e-3);
   EXPECT_GT(rnd.overlap, 0.95);  // measured 0.9835 (random), 0.9933 (structured)

@@ -35,7 +35,10 @@ struct TopkState {
 };
 
 const char* law_name(Law l) {
-  return l == Law::normal ? "normal" : l == Law::few_levels ? "4-levels" : l == Law::signed_zeros ? "+-0" : "equal";
+  return l == Law::normal         ? "normal"
+         : l == Law::few_levels   ? "4-levels"
+         : l == Law::signed_zeros ? "+-0"
+                                  : "equal";
 }
 
 void add_topk(CaseList& cases, int topk, std::vector<int32_t> lens, int64_t len0, int n_prefill, Law law,
@@ -55,15 +58,24 @@ void add_topk(CaseList& cases, int topk, std::vector<int32_t> lens, int64_t len0
       "dsa_topk", shape, 0.0,
       [st](Rng& rng) {
         const int n_row = st->lens.empty() ? st->n_prefill : int(st->lens.size());
-        st->max_len = st->lens.empty() ? st->len0 + n_row - 1 : *std::max_element(st->lens.begin(), st->lens.end());
+        st->max_len =
+            st->lens.empty() ? st->len0 + n_row - 1 : *std::max_element(st->lens.begin(), st->lens.end());
         st->ld = st->max_len + 3;
         st->score.resize(size_t(n_row) * st->ld);
         for (float& v : st->score) {
           switch (st->law) {
-            case Law::normal: v = rng.normal(); break;
-            case Law::few_levels: v = float(rng.below(4)) - 1.f; break;
-            case Law::signed_zeros: v = rng.below(3) == 0 ? 0.5f : (rng.below(2) ? 0.f : -0.f); break;
-            case Law::all_equal: v = 1.25f; break;
+            case Law::normal:
+              v = rng.normal();
+              break;
+            case Law::few_levels:
+              v = float(rng.below(4)) - 1.f;
+              break;
+            case Law::signed_zeros:
+              v = rng.below(3) == 0 ? 0.5f : (rng.below(2) ? 0.f : -0.f);
+              break;
+            case Law::all_equal:
+              v = 1.25f;
+              break;
           }
         }
       },
@@ -107,7 +119,8 @@ struct IndexState {
 void init_index(IndexState& st, Rng& rng) {
   st.n_seq = st.lens.empty() ? 1 : int(st.lens.size());
   std::vector<int64_t> n_tok(size_t(st.n_seq));
-  for (int b = 0; b < st.n_seq; ++b) n_tok[size_t(b)] = st.lens.empty() ? st.n_past + st.n_q : st.lens[size_t(b)];
+  for (int b = 0; b < st.n_seq; ++b)
+    n_tok[size_t(b)] = st.lens.empty() ? st.n_past + st.n_q : st.lens[size_t(b)];
   st.max_ctx = *std::max_element(n_tok.begin(), n_tok.end());
   st.ld = st.max_ctx + 5;
   st.max_pages = int((st.max_ctx + st.P - 1) / st.P) + 1;
@@ -144,9 +157,11 @@ DsaKeyCache host_cache(IndexState& st) {
 }
 
 std::string index_shape(const IndexState& st) {
-  std::string s = "H=" + std::to_string(st.H) + " Di=" + std::to_string(st.Di) + " P=" + std::to_string(st.P) +
-                  (st.fmt == DsaKeyFormat::fp8 ? " fp8" : " bf16") + (st.exact ? " q_exact" : "") + " ";
-  if (st.lens.empty()) return s + "prefill n_past=" + std::to_string(st.n_past) + " n_q=" + std::to_string(st.n_q);
+  std::string s = "H=" + std::to_string(st.H) + " Di=" + std::to_string(st.Di) +
+                  " P=" + std::to_string(st.P) + (st.fmt == DsaKeyFormat::fp8 ? " fp8" : " bf16") +
+                  (st.exact ? " q_exact" : "") + " ";
+  if (st.lens.empty())
+    return s + "prefill n_past=" + std::to_string(st.n_past) + " n_q=" + std::to_string(st.n_q);
   s += "lens=";
   for (size_t i = 0; i < st.lens.size(); ++i) s += (i ? "," : "") + std::to_string(st.lens[i]);
   return s;
@@ -246,7 +261,7 @@ K3_OP_CASES(dsa_cases) {
   add_index(cases, DsaKeyFormat::bf16, 32, 128, 64, true, {}, 0, 130);
   add_index(cases, DsaKeyFormat::bf16, 2, 16, 16, false, {}, 9, 23);  // tiny-k31 (tensor cores)
   add_index(cases, DsaKeyFormat::bf16, 2, 16, 16, false, {30, 5});
-  add_index(cases, DsaKeyFormat::bf16, 2, 16, 16, true, {30, 5});  // CUDA-core fallback
+  add_index(cases, DsaKeyFormat::bf16, 2, 16, 16, true, {30, 5});     // CUDA-core fallback
   add_index(cases, DsaKeyFormat::bf16, 16, 64, 32, false, {1, 500});  // CUDA-core fallback
   add_index(cases, DsaKeyFormat::fp8, 16, 64, 32, false, {}, 3, 40);
   // top-k: decode rows around topk, ties, prefill rows, clusters, a 1M row

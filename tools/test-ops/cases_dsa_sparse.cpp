@@ -2,8 +2,8 @@
 //
 // ref = cpu = mla_sparse_ref (the selected rows gathered on the host, then the fp64 mla_decode_ref);
 // cuda = mla_sparse_cuda (gather kernel + mla_decode_cuda: tensor cores with bf16 softmax weights, so the
-// bound of the mla_decode cases). K3's 96 heads with topk 2048 over contexts shorter than, equal to and longer
-// than topk (-1 padded selections), a prefill-style call sharing one block table, the tiny-k31 topk 8.
+// bound of the mla_decode cases). K3's 96 heads with topk 2048 over contexts shorter than, equal to and
+// longer than topk (-1 padded selections), a prefill-style call sharing one block table, the tiny-k31 topk 8.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -41,11 +41,13 @@ void add_sparse(CaseList& cases, int H, int P, int topk, std::vector<int32_t> le
         const int32_t max_len = *std::max_element(st->lens.begin(), st->lens.end());
         st->max_pages = (max_len + st->P - 1) / st->P + 1;
         int64_t used = 0;
-        for (int b = 0; b < n_tab; ++b) used += ((st->shared ? max_len : st->lens[size_t(b)]) + st->P - 1) / st->P;
+        for (int b = 0; b < n_tab; ++b)
+          used += ((st->shared ? max_len : st->lens[size_t(b)]) + st->P - 1) / st->P;
         st->n_pages = used + 2;
         std::vector<int32_t> perm(size_t(st->n_pages));
         std::iota(perm.begin(), perm.end(), 0);
-        for (size_t i = perm.size() - 1; i > 0; --i) std::swap(perm[i], perm[size_t(rng.below(int64_t(i) + 1))]);
+        for (size_t i = perm.size() - 1; i > 0; --i)
+          std::swap(perm[i], perm[size_t(rng.below(int64_t(i) + 1))]);
         st->table.assign(size_t(n_tab) * st->max_pages, -1);
         size_t next = 0;
         for (int b = 0; b < n_tab; ++b)
