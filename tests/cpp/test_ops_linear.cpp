@@ -1,8 +1,10 @@
 // test_ops_linear.cpp: MXFP4 decoding (all 16 codes, E8M0 extremes) against a scalar decoder written here
 // from MODEL.md §9, the debug assert on scale byte 255, and linear_cpu == linear_ref at every CPU level this
-// machine has (the portable fallback is forced with set_cpu_level_limit, so CI covers it too).
+// machine has (the portable fallback is forced with set_cpu_level_limit, so CI covers it too), and that a
+// row's value does not depend on the token count or the row tile it falls in.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -155,6 +157,64 @@ TEST(OpsLinear, CpuMatchesRefAtEveryLevel) {
       EXPECT_LT(worst_nmse(DType::u8, true, n_tok, 96, 19, prec, &pool), 1e-10) << n_tok;
       EXPECT_LT(worst_nmse(DType::f32, false, n_tok, 37, 6, prec, nullptr), 1e-10) << n_tok;
     }
+}
+
+// A row's value depends only on its weights and its token, bit for bit: not on how many tokens share the call
+// (decode = prefill) nor on whether the row sits in a 4-row or a 1-row tile (the kernels reduce both alike).
+TEST(OpsLinear, RowValueIndependentOfTileAndTokenCount) {
+  ThreadPool pool(2);
+  constexpr int64_t kOut = 9, kIn = 160, kTok = 7;  // rows 0..7 in 4-row tiles, row 8 in a 1-row tile
+  std::mt19937 gen(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> x(size_t(kTok * kIn));
+  for (auto& v : x) v = round_bf16(nd(gen));
+  for (CpuLevel level : levels_here()) {
+    LevelGuard guard(level);
+    for (bool mxfp4 : {false, true})
+      for (Precision prec : {Precision::fp32, Precision::bf16}) {
+        const int64_t row_bytes = mxfp4 ? kIn / 2 : kIn * 2;
+        std::vector<uint8_t> w(size_t(kOut * row_bytes)), sc(mxfp4 ? size_t(kOut * kIn / 32) : 0);
+        if (mxfp4) {
+          for (auto& b : w) b = uint8_t(gen());
+          for (auto& b : sc) b = uint8_t(120 + gen() % 10);
+        } else {
+          auto* h = reinterpret_cast<uint16_t*>(w.data());
+          for (int64_t i = 0; i < kOut * kIn; ++i) h[i] = f32_to_bf16(nd(gen));
+        }
+        // W2 = W with its rows rotated by one: W2 row i = W row (i + 1) % out, so W row 8 lands in a 4-row
+        // tile (W2 row 7), W row 0 in the 1-row tile (W2 row 8), every other row in another tile slot.
+        std::vector<uint8_t> w2(w.size()), sc2(sc.size());
+        const int64_t sc_row = kIn / 32;
+        for (int64_t i = 0; i < kOut; ++i) {
+          const int64_t src = (i + 1) % kOut;
+          std::copy_n(&w[size_t(src * row_bytes)], row_bytes, &w2[size_t(i * row_bytes)]);
+          if (mxfp4) std::copy_n(&sc[size_t(src * sc_row)], sc_row, &sc2[size_t(i * sc_row)]);
+        }
+        const DType dt = mxfp4 ? DType::u8 : DType::bf16;
+        LinearWeight W{dt, kOut, kIn, w.data(), mxfp4 ? sc.data() : nullptr};
+        LinearWeight W2{dt, kOut, kIn, w2.data(), mxfp4 ? sc2.data() : nullptr};
+        auto run = [&](const LinearWeight& Wt, const float* xs, int64_t n, float* y) {
+          LinearParams p;
+          p.n_tok = n;
+          p.x = xs;
+          p.y = y;
+          p.x_precision = prec;
+          linear_cpu(Wt, p, &pool);
+        };
+        std::vector<float> y(size_t(kTok * kOut)), y2(y.size()), y1(static_cast<size_t>(kOut));
+        run(W, x.data(), kTok, y.data());
+        run(W2, x.data(), kTok, y2.data());
+        for (int64_t t = 0; t < kTok; ++t) {
+          run(W, &x[size_t(t * kIn)], 1, y1.data());
+          for (int64_t o = 0; o < kOut; ++o) {
+            EXPECT_TRUE(same_float(y1[size_t(o)], y[size_t(t * kOut + o)]))
+                << cpu_level_name(level) << " mxfp4 " << mxfp4 << " t " << t << " o " << o;
+            EXPECT_TRUE(same_float(y2[size_t(t * kOut + o)], y[size_t(t * kOut + (o + 1) % kOut)]))
+                << cpu_level_name(level) << " mxfp4 " << mxfp4 << " t " << t << " o " << o;
+          }
+        }
+      }
+  }
 }
 
 TEST(OpsLinear, ForcedPortableLevelSticks) {
