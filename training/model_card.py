@@ -81,15 +81,16 @@ def main(argv=None):
             f"e_score_correction_bias tensors changed"
             + (" (K3.1: rebuilt from the calibrated K3 with its unchanged DSA-layer delta, assemble_k31.py)"
                if a.k31 else ""))
+    pw = acc.get("router_load_pytorch_windows", acc)          # acceptance --router-load-json moves them there
     lines += ["", "## Held-out evaluation (CPU, fp32)", "",
               f"pytorch_heldout_ppl: {acc['pytorch_ppl']:.6f}", "",
               f"- models/heldout.txt, {acc['windows']} windows of {acc['ctx']} ({acc['scored']:,} scored tokens); "
               f"engine: `{acc['engine_command']}` -> {acc['engine_ppl']:.6f} (relative difference "
               f"{acc['ppl_rel_diff']:.1e}); top-1 agreement {acc['top1_agreement'] * 100:.2f}% over "
               f"{acc['top1_positions']} positions",
-              f"- router load over those windows (PyTorch): min {acc['router_load_min']:.2f}, max "
-              f"{acc['router_load_max']:.2f} x the mean (check: every expert of every MoE layer within [0.25, 4] "
-              f"x the mean)"]
+              f"- router load over those windows (PyTorch): min {pw['router_load_min']:.2f}, max "
+              f"{pw['router_load_max']:.2f} x the mean (check: every expert of every MoE layer within [0.25, 4] "
+              f"x the mean{'; the check is taken over the whole text, next line' if a.router_load else ''})"]
     if a.router_load:
         rl = json.load(open(a.router_load))
         lines.append(f"- router load over the whole text ({rl['source'].split(': ', 1)[1]}, {rl['tokens_routed']:,} "
