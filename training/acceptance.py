@@ -15,7 +15,7 @@ the first N windows on both sides (0 = all). Checks, each printed and stored in 
                 biased top-k) / mean; passes when every expert is within [25%, 400%] of the mean. With
                 --router-load-json (training/router_load.py over the WHOLE text) the check uses that, and the
                 PyTorch windows' numbers move to router_load_pytorch_windows (a few windows of one domain
-                are not the held-out text: the first 16 windows, all Austen and Bible, gave 0.14x)
+                are not the held-out text: the first 16 windows, novels and scripture only, gave 0.14x)
   dsa (K3.1)    PyTorch perplexity with the main attention dense (MLA.dense) vs sparse; passes within 3%;
                 the selected index sets of every DSA layer and window are saved to --index-out (.npz,
                 [T, topk] positions per layer and window, -1 padded, rows t < topk all -1)
