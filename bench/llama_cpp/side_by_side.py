@@ -64,6 +64,7 @@ def main():
     ap.add_argument("--jsonl", required=True)
     ap.add_argument("--peer", default="llama.cpp")
     ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--skip-logits", action="store_true")
     ap.add_argument("--bw-mb", type=int, default=0, help="k3 bench's bandwidth buffer (MiB; 0: its default)")
     a = ap.parse_args()
     name = pathlib.Path(a.model).name
@@ -108,22 +109,23 @@ def main():
             emit(f"prefill pp{a.pp} {name} bf16 t{t}", med(k3r["pp"]), "tokens/s", med(llr["pp"]), 1.5)
             emit(f"decode tg{a.tg} {name} bf16 t{t}", med(k3r["tg"]), "tokens/s", med(llr["tg"]), 1.5)
 
-        cfg = json.loads((pathlib.Path(a.model) / "config.json").read_text())
-        n_vocab = cfg.get("text_config", cfg)["vocab_size"]
-        ids = np.random.default_rng(7).integers(0, n_vocab - 256, a.n_logits).astype(np.int32)
-        np.save(tmp / "ids.npy", ids)
-        sh([a.llama_python, HERE / "run_llama.py", "logits", a.gguf, "--tokens", tmp / "ids.npy",
-            "-o", tmp / "llama.npy", "-t", t])
-        ref = np.load(tmp / "llama.npy")
-        for prec in ("bf16", "fp32"):
-            sh([a.k3, "logits", "-m", a.model, "--tokens-file", tmp / "ids.npy", "-o", tmp / f"k3_{prec}.npy",
-                "--precision", prec, "-t", t])
-            got = np.load(tmp / f"k3_{prec}.npy")
-            assert got.shape == ref.shape, (got.shape, ref.shape)
-            agree = float((got.argmax(-1) == ref.argmax(-1)).mean())
-            emit(f"logits nmse vs llama.cpp {name} k3 {prec} T{a.n_logits}", nmse(got, ref), "nmse",
-                 goal=1e-4, higher_is_better=False)
-            print(f"  argmax agreement {prec}: {agree:.3f}", flush=True)
+        if not a.skip_logits:
+            cfg = json.loads((pathlib.Path(a.model) / "config.json").read_text())
+            n_vocab = cfg.get("text_config", cfg)["vocab_size"]
+            ids = np.random.default_rng(7).integers(0, n_vocab - 256, a.n_logits).astype(np.int32)
+            np.save(tmp / "ids.npy", ids)
+            sh([a.llama_python, HERE / "run_llama.py", "logits", a.gguf, "--tokens", tmp / "ids.npy",
+                "-o", tmp / "llama.npy", "-t", t])
+            ref = np.load(tmp / "llama.npy")
+            for prec in ("bf16", "fp32"):
+                sh([a.k3, "logits", "-m", a.model, "--tokens-file", tmp / "ids.npy", "-o", tmp / f"k3_{prec}.npy",
+                    "--precision", prec, "-t", t])
+                got = np.load(tmp / f"k3_{prec}.npy")
+                assert got.shape == ref.shape, (got.shape, ref.shape)
+                agree = float((got.argmax(-1) == ref.argmax(-1)).mean())
+                emit(f"logits nmse vs llama.cpp {name} k3 {prec} T{a.n_logits}", nmse(got, ref), "nmse",
+                     goal=1e-4, higher_is_better=False)
+                print(f"  argmax agreement {prec}: {agree:.3f}", flush=True)
     with open(a.jsonl, "a") as f:
         for j in lines:
             f.write(json.dumps(j) + "\n")
