@@ -21,45 +21,20 @@
 #include <string>
 #include <vector>
 
+#include "../cuda_bench_util.cuh"
 #include "core/dtype.h"
 #include "ops/dsa_index.h"
 #include "ops/dsa_topk.h"
 #include "ops/mla_decode.h"
 #include "ops/mla_sparse.h"
 
-#define CK(call)                                                                                          \
-  do {                                                                                                    \
-    cudaError_t e_ = (call);                                                                              \
-    if (e_ != cudaSuccess) {                                                                              \
-      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                                       \
-    }                                                                                                     \
-  } while (0)
 
 using namespace k3;
 
 namespace {
 
-std::string g_out, g_commit = "unknown", g_machine = "NVIDIA H200";
-int g_fail = 0;
 constexpr int kH = 32, kDi = 128, kTopk = 2048, kP = 64, kHeads = 96;
 
-void emit(const std::string& metric, double value, const std::string& unit, const char* peer = nullptr,
-          double peer_value = 0, const char* goal = nullptr, double goal_ratio = 0) {
-  char line[1024];
-  const double ratio = peer ? value / peer_value : 0;
-  std::snprintf(line, sizeof line,
-                "{\"bench\": \"dsa_cuda\", \"commit\": \"%s\", \"machine\": \"%s\", \"metric\": \"%s\", "
-                "\"value\": %.6g, \"unit\": \"%s\", \"peer\": %s%s%s, \"peer_value\": %s, \"ratio\": %s, "
-                "\"goal\": %s%s%s, \"met\": %s}",
-                g_commit.c_str(), g_machine.c_str(), metric.c_str(), value, unit.c_str(), peer ? "\"" : "",
-                peer ? peer : "null", peer ? "\"" : "", peer ? std::to_string(peer_value).c_str() : "null",
-                peer ? std::to_string(ratio).c_str() : "null", goal ? "\"" : "", goal ? goal : "null",
-                goal ? "\"" : "", goal ? (ratio >= goal_ratio ? "true" : "false") : "null");
-  std::printf("%s\n", line);
-  if (!g_out.empty())
-    if (FILE* f = std::fopen(g_out.c_str(), "a")) std::fprintf(f, "%s\n", line), std::fclose(f);
-}
 
 __device__ uint64_t mix(uint64_t i, uint64_t seed) {
   uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
@@ -115,20 +90,6 @@ double median_us(GpuContext& g, F&& f, int iters = 15) {
   return ms[ms.size() / 2] * 1e3;
 }
 
-double copy_bandwidth(GpuContext& g) {
-  const size_t bytes = size_t(2) << 30;
-  void *a, *b;
-  CK(cudaMalloc(&a, bytes));
-  CK(cudaMalloc(&b, bytes));
-  CK(cudaMemset(a, 1, bytes));
-  const double us = median_us(
-      g, [&](int) { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g.stream)); }, 7);
-  CK(cudaFree(a));
-  CK(cudaFree(b));
-  const double gbps = 2.0 * bytes / us * 1e-3;
-  emit("copy_2GiB_GBps", gbps, "GB/s");
-  return gbps;
-}
 
 double nmse(const std::vector<float>& y, const std::vector<float>& r) {
   double num = 0, den = 0;
@@ -252,6 +213,7 @@ void check(bool ok, const std::string& what) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  g_bench = "dsa_cuda";
   if (argc > 1) g_out = argv[1];
   if (argc > 2) g_commit = argv[2];
   cudaDeviceProp prop;

@@ -31,7 +31,7 @@
 #include "core/dtype.h"
 #include "ops/mla_decode.h"
 
-#include "bench/mla_cuda/bench_util.cuh"
+#include "../cuda_bench_util.cuh"
 
 using namespace k3;
 

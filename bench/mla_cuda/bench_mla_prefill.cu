@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/mla_cuda/bench_util.cuh"
+#include "../cuda_bench_util.cuh"
 #include "core/dtype.h"
 #include "ops/mla_prefill.h"
 

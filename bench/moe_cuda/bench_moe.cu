@@ -24,18 +24,11 @@
 #include <string>
 #include <vector>
 
+#include "../cuda_bench_util.cuh"
 #include "core/dtype.h"
 #include "ops/moe_experts.h"
 #include "ops/moe_route.h"
 
-#define CK(call)                                                                                           \
-  do {                                                                                                     \
-    cudaError_t e_ = (call);                                                                               \
-    if (e_ != cudaSuccess) {                                                                               \
-      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                                        \
-    }                                                                                                      \
-  } while (0)
 
 using namespace k3;
 
@@ -46,26 +39,7 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
 
 namespace {
 
-std::string g_out, g_commit = "unknown", g_machine = "NVIDIA H200";
-int g_fail = 0;
 
-void emit(const std::string& metric, double value, const std::string& unit, const char* peer = nullptr,
-          double peer_value = 0, const char* goal = nullptr, bool met = false) {
-  char line[1024];
-  const double ratio = peer ? value / peer_value : 0;
-  std::snprintf(line, sizeof line,
-                "{\"bench\": \"moe_cuda\", \"commit\": \"%s\", \"machine\": \"%s\", \"metric\": \"%s\", "
-                "\"value\": %.6g, \"unit\": \"%s\", \"peer\": %s%s%s, \"peer_value\": %s, \"ratio\": %s, "
-                "\"goal\": %s%s%s, \"met\": %s}",
-                g_commit.c_str(), g_machine.c_str(), metric.c_str(), value, unit.c_str(), peer ? "\"" : "",
-                peer ? peer : "null", peer ? "\"" : "", peer ? std::to_string(peer_value).c_str() : "null",
-                peer ? std::to_string(ratio).c_str() : "null", goal ? "\"" : "", goal ? goal : "null",
-                goal ? "\"" : "", goal ? (met ? "true" : "false") : "null");
-  std::printf("%s\n", line);
-  std::fflush(stdout);
-  if (!g_out.empty())
-    if (FILE* f = std::fopen(g_out.c_str(), "a")) std::fprintf(f, "%s\n", line), std::fclose(f);
-}
 
 template <class F>
 double median_ms(cudaStream_t st, F&& f, int warm = 2, int reps = 10) {
@@ -264,42 +238,12 @@ void check_route(int64_t n_tok, int E, int k, uint32_t seed, GpuContext& g) {
   cudaFree((void*)d.logits), cudaFree((void*)d.bias), cudaFree(d.sel), cudaFree(d.wt);
 }
 
-double copy_gbps(cudaStream_t st) {
-  const size_t n = size_t(2) << 30;
-  void *a, *b;
-  CK(cudaMalloc(&a, n));
-  CK(cudaMalloc(&b, n));
-  CK(cudaMemset(a, 1, n));
-  const double ms = median_ms(st, [&] { CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st)); }, 1, 5);
-  cudaFree(a), cudaFree(b);
-  const double gbps = 2.0 * n / (ms * 1e-3) * 1e-9;
-  emit("copy_GBps", gbps, "GB/s");
-  return gbps;
-}
 
-double cublas_tflops(cublasHandle_t h, cudaStream_t st) {
-  const int n = 8192;
-  void *A, *B, *C;
-  CK(cudaMalloc(&A, size_t(n) * n * 2));
-  CK(cudaMalloc(&B, size_t(n) * n * 2));
-  CK(cudaMalloc(&C, size_t(n) * n * 4));
-  fill_kernel<<<2048, 256, 0, st>>>(static_cast<uint8_t*>(A), size_t(n) * n * 2, 3, 0x3c, 2);  // finite bf16s
-  fill_kernel<<<2048, 256, 0, st>>>(static_cast<uint8_t*>(B), size_t(n) * n * 2, 5, 0x3c, 2);
-  const float alpha = 1.f, beta = 0.f;
-  cublasSetStream(h, st);
-  const double ms = median_ms(st, [&] {
-    cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, A, CUDA_R_16BF, n, B, CUDA_R_16BF, n, &beta, C,
-                 CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  });
-  cudaFree(A), cudaFree(B), cudaFree(C);
-  const double tf = 2.0 * n * n * double(n) / (ms * 1e-3) * 1e-12;
-  emit("cublas_bf16_gemm_8192_TFLOPs", tf, "TFLOP/s");
-  return tf;
-}
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  g_bench = "moe_cuda";
   if (argc > 1) g_out = argv[1];
   if (argc > 2) g_commit = argv[2];
   cudaDeviceProp prop;
@@ -330,8 +274,8 @@ int main(int argc, char** argv) {
   }
   for (int64_t nt : {1, 3, 64, 4096}) check_route(nt, 896, 16, uint32_t(nt), g);
   check_route(5, 56, 8, 9, g);
-  const double copy = copy_gbps(st);
-  const double tf = cublas_tflops(h, st);
+  const double copy = copy_bandwidth(g);
+  const double tf = gemm_tflops(g);
 
   const int E = 896, k = 16, d_in = 3584, d_ff = 3072;
   Experts ex;
@@ -352,7 +296,7 @@ int main(int argc, char** argv) {
       const bool goal = nt == 1 && v == 0;
       const std::string tag = "decode_b" + std::to_string(nt) + (v ? "_v" + std::to_string(v) : "");
       emit(tag + "_us", ms * 1e3, "us");
-      emit(tag + "_floor_over_time", floor_us / (ms * 1e3), "ratio", "byte floor us", floor_us,
+      emit_met(tag + "_floor_over_time", floor_us / (ms * 1e3), "ratio", "byte floor us", floor_us,
            goal ? "time <= 1.3x byte floor (ratio >= 0.769)" : nullptr, floor_us / (ms * 1e3) >= 1 / 1.3);
       std::printf("  %s: %zu experts, %.1f MB, %.1f us (floor %.1f us at copy %.0f GB/s)\n", tag.c_str(), uniq.size(),
                   bytes * 1e-6, ms * 1e3, floor_us, copy);
@@ -368,7 +312,7 @@ int main(int argc, char** argv) {
       const double tfs = flops / (ms * 1e-3) * 1e-12;
       const std::string tag = "prefill_n" + std::to_string(nt) + (v ? "_v" + std::to_string(v) : "");
       emit(tag + "_ms", ms, "ms");
-      emit(tag + "_TFLOPs", tfs, "TFLOP/s", "cuBLAS bf16 GEMM TFLOP/s", tf,
+      emit_met(tag + "_TFLOPs", tfs, "TFLOP/s", "cuBLAS bf16 GEMM TFLOP/s", tf,
            v == 0 ? ">= 0.6 of the cuBLAS bf16 rate" : nullptr, tfs / tf >= 0.6);
     }
   }

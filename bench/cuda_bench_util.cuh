@@ -1,5 +1,6 @@
-// bench_util.cuh: what the MLA benches share: CUDA error check, the JSON-line emitter, a bf16 random fill
-// and the two ceilings of every ratio (copy bandwidth, bf16 GEMM rate). Header-only, one bench per binary.
+// cuda_bench_util.cuh: what the standalone CUDA benches (mla_cuda, dsa_cuda, moe_cuda) share: CUDA error check,
+// the JSON-line emitter (bench/results/<bench>.jsonl fields), a bf16 random fill and the two ceilings of every
+// ratio (copy bandwidth, bf16 GEMM rate). Header-only, one bench per binary; set g_bench in main.
 #pragma once
 
 #include <cublas_v2.h>
@@ -25,8 +26,9 @@
 inline std::string g_bench = "mla_cuda", g_out, g_commit = "unknown", g_machine = "NVIDIA H200";
 inline int g_fail = 0;
 
-inline void emit(const std::string& metric, double value, const std::string& unit, const char* peer = nullptr,
-                 double peer_value = 0, const char* goal = nullptr, double goal_ratio = 0) {
+// One JSON line: ratio = value / peer_value when a peer is given; met is reported only with a goal.
+inline void emit_met(const std::string& metric, double value, const std::string& unit, const char* peer,
+                     double peer_value, const char* goal, bool met) {
   char line[1024];
   const double ratio = peer ? value / peer_value : 0;
   std::snprintf(line, sizeof line,
@@ -37,10 +39,18 @@ inline void emit(const std::string& metric, double value, const std::string& uni
                 peer ? "\"" : "", peer ? peer : "null", peer ? "\"" : "",
                 peer ? std::to_string(peer_value).c_str() : "null",
                 peer ? std::to_string(ratio).c_str() : "null", goal ? "\"" : "", goal ? goal : "null",
-                goal ? "\"" : "", goal ? (ratio >= goal_ratio ? "true" : "false") : "null");
+                goal ? "\"" : "", goal ? (met ? "true" : "false") : "null");
   std::printf("%s\n", line);
+  std::fflush(stdout);
   if (!g_out.empty())
     if (FILE* f = std::fopen(g_out.c_str(), "a")) std::fprintf(f, "%s\n", line), std::fclose(f);
+}
+
+// As emit_met, with met = (ratio >= goal_ratio).
+inline void emit(const std::string& metric, double value, const std::string& unit, const char* peer = nullptr,
+                 double peer_value = 0, const char* goal = nullptr, double goal_ratio = 0) {
+  const double ratio = peer ? value / peer_value : 0;
+  emit_met(metric, value, unit, peer, peer_value, goal, ratio >= goal_ratio);
 }
 
 static __global__ void fill_bf16(uint16_t* x, size_t n, uint64_t seed) {  // uniform(-1.7, 1.7) in bf16
