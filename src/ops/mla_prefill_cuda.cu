@@ -14,6 +14,7 @@
 
 #include <cmath>
 
+#include "ops/cuda_mma.cuh"
 #include "ops/cuda_util.cuh"
 #include "ops/mla_prefill.h"
 
@@ -28,31 +29,6 @@ constexpr int kKChunks = kMlaPrefillQk / 8, kVChunks = kMlaPrefillV / 8;  // 16-
 constexpr int kStage = kKv * (kKStride + kVStride);                       // bf16 elements of one K + V stage
 constexpr size_t kSmem = size_t(2) * kStage * 2;
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-// c (16x8 fp32) += a (16x16 bf16, row) b (16x8 bf16, col)
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // cp.async of key tile [k0, k0 + 64) of head h into one stage (rows >= n_end zero-filled).
 __device__ __forceinline__ void load_kv(const MlaPrefillParams& p, int h, int k0, int n_end,
                                         uint16_t* stage) {
@@ -64,9 +40,9 @@ __device__ __forceinline__ void load_kv(const MlaPrefillParams& p, int h, int k0
     if (s >= n_end) {
       *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
     } else if (part < kMlaPrefillNope / 8) {
-      cp_async16(smem_u32(dst), p.k_nope + s * p.k_tok_stride + h * p.k_head_stride + part * 8);
+      cp_async16(smem_addr(dst), p.k_nope + s * p.k_tok_stride + h * p.k_head_stride + part * 8);
     } else {
-      cp_async16(smem_u32(dst), p.k_rope + s * p.r_tok_stride + h * p.r_head_stride + (part - 16) * 8);
+      cp_async16(smem_addr(dst), p.k_rope + s * p.r_tok_stride + h * p.r_head_stride + (part - 16) * 8);
     }
   }
   for (int c = threadIdx.x; c < kKv * kVChunks; c += kThreads) {
@@ -75,7 +51,7 @@ __device__ __forceinline__ void load_kv(const MlaPrefillParams& p, int h, int k0
     if (s >= n_end)
       *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
     else
-      cp_async16(smem_u32(dst), p.v + s * p.v_tok_stride + h * p.v_head_stride + part * 8);
+      cp_async16(smem_addr(dst), p.v + s * p.v_tok_stride + h * p.v_head_stride + part * 8);
   }
   asm volatile("cp.async.commit_group;\n");
 }
@@ -126,7 +102,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_prefill_kernel(MlaPrefillPara
       float s[8][4];
 #pragma unroll
       for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-      const uint32_t ka = smem_u32(ks + ((lane & 7) + ((lane >> 4) << 3)) * kKStride + ((lane >> 3) & 1) * 8);
+      const uint32_t ka = smem_addr(ks + ((lane & 7) + ((lane >> 4) << 3)) * kKStride + ((lane >> 3) & 1) * 8);
 #pragma unroll
       for (int kk = 0; kk < kQkSteps; ++kk)
 #pragma unroll
@@ -173,7 +149,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_prefill_kernel(MlaPrefillPara
       l0 = l0 * a0 + sum0, l1 = l1 * a1 + sum1;
 #pragma unroll
       for (int j = 0; j < 16; ++j) o[j][0] *= a0, o[j][1] *= a0, o[j][2] *= a1, o[j][3] *= a1;
-      const uint32_t va = smem_u32(vs + ((lane & 7) + ((lane >> 3) & 1) * 8) * kVStride + (lane >> 4) * 8);
+      const uint32_t va = smem_addr(vs + ((lane & 7) + ((lane >> 3) & 1) * 8) * kVStride + (lane >> 4) * 8);
 #pragma unroll
       for (int kk = 0; kk < kKv / 16; ++kk)
 #pragma unroll
