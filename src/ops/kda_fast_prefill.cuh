@@ -95,6 +95,22 @@ __device__ __forceinline__ void lds_b_kn_u(uint32_t (&b)[2], const uint32_t* X, 
   b[0] = x[0], b[1] = x[4 * ld];
 }
 
+// One 16-wide k-step over NTL n-tiles: acc[j] (16 x 8) += A (16 x 16, packed fp16 pair as unpack_a takes it)
+// X[k0 .. k0 + 16, 8 j .. 8 j + 8] (tf32 words in shared memory, row stride ld).
+template <int NTL>
+__device__ __forceinline__ void mma_k16(float (&acc)[NTL][4], const uint4& a, const uint32_t* X, int ld, int k0) {
+  uint32_t a0[4], a1[4];
+  unpack_a(a, a0, a1);
+#pragma unroll
+  for (int j = 0; j < NTL; ++j) {
+    uint32_t b0[2], b1[2];
+    lds_b_kn_u(b0, X, ld, k0, 8 * j);
+    lds_b_kn_u(b1, X, ld, k0 + 8, 8 * j);
+    mma_tf32(acc[j], a0, b0);
+    mma_tf32(acc[j], a1, b1);
+  }
+}
+
 // A 16 x 8 accumulator tile (C layout) as the A fragment of one k-step (the tile's 8 columns are the k
 // index), through warp shuffles: lane (g, t) takes columns t and t + 4 of rows g and g + 8. Returns
 // {half2(a0, a1), half2(a2, a3)}.

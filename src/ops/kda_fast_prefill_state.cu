@@ -133,31 +133,13 @@ __global__ void __launch_bounds__(NT, 2)
 #pragma unroll
       for (int pp = 0; pp < 4; ++pp) {
         if (pp <= mt) {
-          uint32_t a0[4], a1[4];
-          unpack_a(tf[pp], a0, a1);
-#pragma unroll
-          for (int j = 0; j < NTL; ++j) {
-            uint32_t b0[2], b1[2];
-            lds_b_kn_u(b0, sm.bV, LD, 16 * pp, 8 * j);
-            lds_b_kn_u(b1, sm.bV, LD, 16 * pp + 8, 8 * j);
-            mma_tf32(acc[j], a0, b0);
-            mma_tf32(acc[j], a1, b1);
-          }
+          mma_k16(acc, tf[pp], sm.bV, LD, 16 * pp);
         }
       }
     }
 #pragma unroll
     for (int pp = 0; pp < 8; ++pp) {
-      uint32_t a0[4], a1[4];
-      unpack_a(af[pp], a0, a1);
-#pragma unroll
-      for (int j = 0; j < NTL; ++j) {
-        uint32_t b0[2], b1[2];
-        lds_b_kn_u(b0, sm.S, LD, 16 * pp, 8 * j);
-        lds_b_kn_u(b1, sm.S, LD, 16 * pp + 8, 8 * j);
-        mma_tf32(acc[j], a0, b0);
-        mma_tf32(acc[j], a1, b1);
-      }
+      mma_k16(acc, af[pp], sm.S, LD, 16 * pp);
     }
     if (!o_warp) {
 #pragma unroll
@@ -171,16 +153,7 @@ __global__ void __launch_bounds__(NT, 2)
 #pragma unroll
       for (int pp = 0; pp < 4; ++pp) {
         if (pp <= mt) {
-          uint32_t a0[4], a1[4];
-          unpack_a(tf[pp], a0, a1);
-#pragma unroll
-          for (int j = 0; j < NTL; ++j) {
-            uint32_t b0[2], b1[2];
-            lds_b_kn_u(b0, sm.Vp, LD, 16 * pp, 8 * j);
-            lds_b_kn_u(b1, sm.Vp, LD, 16 * pp + 8, 8 * j);
-            mma_tf32(acc[j], a0, b0);
-            mma_tf32(acc[j], a1, b1);
-          }
+          mma_k16(acc, tf[pp], sm.Vp, LD, 16 * pp);
         }
       }
       const int64_t t0 = tok0 + (c - base) * C;
@@ -201,16 +174,7 @@ __global__ void __launch_bounds__(NT, 2)
     }
 #pragma unroll
     for (int pp = 0; pp < 4; ++pp) {
-      uint32_t a0[4], a1[4];
-      unpack_a(kf[pp], a0, a1);
-#pragma unroll
-      for (int j = 0; j < NTL; ++j) {
-        uint32_t b0[2], b1[2];
-        lds_b_kn_u(b0, sm.Vp, LD, 16 * pp, 8 * j);
-        lds_b_kn_u(b1, sm.Vp, LD, 16 * pp + 8, 8 * j);
-        mma_tf32(sacc[j], a0, b0);
-        mma_tf32(sacc[j], a1, b1);
-      }
+      mma_k16(sacc, kf[pp], sm.Vp, LD, 16 * pp);
     }
     __syncthreads();  // Vp, S and bV reads done before the next chunk writes them
   }
