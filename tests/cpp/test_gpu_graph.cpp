@@ -17,13 +17,12 @@
 #include "gpu/model_gpu.h"
 #include "io/checkpoint.h"
 #include "model/model.h"
+#include "gpu_test_util.h"
 #include "model_test_util.h"
 
 namespace k3 {
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (or built without CUDA)"
 
 using testutil::random_tokens;
 

@@ -29,16 +29,16 @@
 #include "io/hf_config.h"
 #include "io/manifest.h"
 #include "model/model.h"
+#include "gpu_test_util.h"
 #include "model_test_util.h"
 
 namespace k3 {
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (or built without CUDA)"
 
 using testutil::nmse;
 using testutil::random_tokens;
+using testutil::run_gpu;
 
 // A tiny checkpoint with KDA heads of 128: the base's tensors where the shape is unchanged, fresh KDA ones.
 class WideKdaCheckpoint : public Checkpoint {
@@ -134,8 +134,6 @@ class WideKdaCheckpoint : public Checkpoint {
   std::vector<std::vector<uint8_t>> data_;
 };
 
-using Trace = std::map<std::pair<std::string, int>, std::vector<float>>;
-
 // The fast path is opt-in (K3_KDA_FAST=1, read when a GPU sequence state is made) until it has run on a GPU.
 class GpuKdaFast : public ::testing::TestWithParam<const char*> {
  protected:
@@ -150,61 +148,12 @@ TEST_P(GpuKdaFast, Bf16EveryIntermediateMatchesCpu) {
   auto ck = WideKdaCheckpoint::make(GetParam());
   ASSERT_TRUE(ck);
   ASSERT_EQ(ck->config().kda.d_head, 128);
-  Trace tc, tg;
-  ModelOptions oc, og;
-  oc.precision = og.precision = Precision::bf16;
-  oc.n_threads = 2;
-  oc.trace = [&](const char* n, int l, const float* x, int64_t k) { tc[{n, l}].assign(x, x + k); };
-  og.trace = [&](const char* n, int l, const float* x, int64_t k) { tg[{n, l}].assign(x, x + k); };
-  auto cpu = Model::load(*ck, oc);
-  auto gpu = gpu::GpuModel::load(*ck, og);
-  ASSERT_TRUE(cpu.ok()) << cpu.status().message();
-  ASSERT_TRUE(gpu.ok()) << gpu.status().message();
-  (*gpu)->set_layer_inputs([&](int layer, int64_t n) -> const float* {
-    auto it = tc.find({"l_out", layer});
-    return it != tc.end() && int64_t(it->second.size()) == n ? it->second.data() : nullptr;
-  });
-  auto sc = (*cpu)->new_state();
-  auto sg = (*gpu)->new_state();
-  ASSERT_TRUE(sg.ok());
-  ASSERT_TRUE((*sg)->kda[1].conv16) << "the fast path is not in use";
-  const auto tok = random_tokens(26, ck->config().n_vocab, 21);
-  for (int64_t t0 : {0, 23, 24, 25}) {
-    const int64_t n = t0 == 0 ? 23 : 1;
-    tc.clear(), tg.clear();
-    std::vector<float> lc, lg;
-    ASSERT_TRUE((*cpu)->forward(*sc, tok.data() + t0, n, &lc, true).ok());
-    Status s = (*gpu)->forward(**sg, tok.data() + t0, n, &lg, true);
-    ASSERT_TRUE(s.ok()) << s.message();
-    EXPECT_EQ(tc.size(), tg.size());
-    double worst = 0;
-    std::string at;
-    for (const auto& [key, ref] : tc) {
-      auto it = tg.find(key);
-      ASSERT_TRUE(it != tg.end()) << key.first << " layer " << key.second << " not traced on the GPU";
-      const double e = nmse(it->second, ref);
-      if (e > worst) worst = e, at = key.first + " layer " + std::to_string(key.second);
-      EXPECT_LE(e, 1e-4) << key.first << " layer " << key.second << ", call of " << n << " tokens";
-    }
-    std::printf("[ %s wide-KDA bf16 layer by layer, %lld tokens: worst NMSE %.3g (%s) ]\n", GetParam(),
-                (long long)n, worst, at.c_str());
-  }
+  ASSERT_NO_FATAL_FAILURE(testutil::expect_bf16_layers_match_cpu(
+      *ck, {23, 1, 1, 1}, 21, std::string(GetParam()) + " wide-KDA", [](const gpu::GpuSeqState& st) {
+        ASSERT_TRUE(st.kda[1].conv16) << "the fast path is not in use";
+      }));
 }
 
-std::vector<float> run_gpu(gpu::GpuModel& m, const std::vector<int32_t>& tok, int64_t step) {
-  auto st = m.new_state();
-  EXPECT_TRUE(st.ok()) << st.status().message();
-  if (!st.ok()) return {};
-  const int64_t T = int64_t(tok.size());
-  std::vector<float> all, part;
-  for (int64_t t0 = 0; t0 < T; t0 += step) {
-    const int64_t n = std::min(step, T - t0);
-    Status s = m.forward(**st, tok.data() + t0, n, &part, true);
-    EXPECT_TRUE(s.ok()) << s.message();
-    all.insert(all.end(), part.begin(), part.end());
-  }
-  return all;
-}
 
 // One shot = chunks of 7 = token by token. bf16 end to end: the paths round differently inside the recurrence
 // and the flips compound over the layers (a flipped MoE route moves a whole token: the GPU-vs-CPU bf16 logits

@@ -24,13 +24,12 @@
 #include "io/checkpoint.h"
 #include "io/tokenizer.h"
 #include "model/model.h"
+#include "gpu_test_util.h"
 #include "model_test_util.h"
 
 namespace k3 {
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (or built without CUDA)"
 
 std::string model_dir(const std::string& name) {
   return std::string(K3_SOURCE_DIR) + "/models/" + name;
@@ -44,6 +43,7 @@ std::unique_ptr<Checkpoint> open_model(const std::string& name) {
 
 using testutil::nmse;
 using testutil::random_tokens;
+using testutil::run_gpu;
 
 struct Pair {
   std::unique_ptr<Checkpoint> ck;
@@ -79,20 +79,6 @@ std::vector<float> run_cpu(Model& m, const std::vector<int32_t>& tok, int64_t st
   return all;
 }
 
-std::vector<float> run_gpu(gpu::GpuModel& m, const std::vector<int32_t>& tok, int64_t step) {
-  auto st = m.new_state();
-  EXPECT_TRUE(st.ok()) << st.status().message();
-  if (!st.ok()) return {};
-  const int64_t T = int64_t(tok.size());
-  std::vector<float> all, part;
-  for (int64_t t0 = 0; t0<T; t0 += step> 0 ? step : T) {
-    const int64_t n = std::min(step > 0 ? step : T, T - t0);
-    Status s = m.forward(**st, tok.data() + t0, n, &part, true);
-    EXPECT_TRUE(s.ok()) << s.message();
-    all.insert(all.end(), part.begin(), part.end());
-  }
-  return all;
-}
 
 class GpuModelTiny : public ::testing::TestWithParam<const char*> {};
 
@@ -184,8 +170,6 @@ TEST_P(GpuModelTiny, Fp32BatchAndStateDownload) {
   EXPECT_LE(nmse(lg, lc), 1e-6);
 }
 
-using Trace = std::map<std::pair<std::string, int>, std::vector<float>>;
-
 // bf16 mode, layer by layer: the GPU's residual stream is replaced at every layer boundary by the CPU's
 // (GpuModel::set_layer_inputs), so each block is compared on identical inputs; then every named intermediate
 // must match, NMSE <= 1e-4. (Run end to end, bf16 rounding flips compound with depth: the CPU against itself
@@ -193,44 +177,9 @@ using Trace = std::map<std::pair<std::string, int>, std::vector<float>>;
 // moves a whole token.) A prefill of 23 tokens, then one decode step (absorbed MLA, recurrent KDA).
 TEST_P(GpuModelTiny, Bf16EveryIntermediateMatchesCpu) {
   SKIP_WITHOUT_GPU();
-  Trace tc, tg;
-  ModelOptions oc, og;
-  oc.precision = og.precision = Precision::bf16;
-  oc.trace = [&](const char* n, int l, const float* x, int64_t k) { tc[{n, l}].assign(x, x + k); };
-  og.trace = [&](const char* n, int l, const float* x, int64_t k) { tg[{n, l}].assign(x, x + k); };
   auto ck = open_model(GetParam());
   ASSERT_TRUE(ck);
-  oc.n_threads = 2;
-  auto cpu = Model::load(*ck, oc);
-  auto gpu = gpu::GpuModel::load(*ck, og);
-  ASSERT_TRUE(cpu.ok() && gpu.ok());
-  (*gpu)->set_layer_inputs([&](int layer, int64_t n) -> const float* {
-    auto it = tc.find({"l_out", layer});
-    return it != tc.end() && int64_t(it->second.size()) == n ? it->second.data() : nullptr;
-  });
-  auto sc = (*cpu)->new_state();
-  auto sg = (*gpu)->new_state();
-  ASSERT_TRUE(sg.ok());
-  const auto tok = random_tokens(24, ck->config().n_vocab, 13);
-  for (int64_t t0 : {0, 23}) {
-    const int64_t n = t0 == 0 ? 23 : 1;
-    tc.clear(), tg.clear();
-    std::vector<float> lc, lg;
-    ASSERT_TRUE((*cpu)->forward(*sc, tok.data() + t0, n, &lc, true).ok());
-    ASSERT_TRUE((*gpu)->forward(**sg, tok.data() + t0, n, &lg, true).ok());
-    ASSERT_FALSE(tc.empty());
-    EXPECT_EQ(tc.size(), tg.size());
-    double worst = 0;
-    for (const auto& [key, ref] : tc) {
-      auto it = tg.find(key);
-      ASSERT_TRUE(it != tg.end()) << key.first << " layer " << key.second << " not traced on the GPU";
-      const double e = nmse(it->second, ref);
-      worst = std::max(worst, e);
-      EXPECT_LE(e, 1e-4) << key.first << " layer " << key.second << ", call of " << n << " tokens";
-    }
-    std::printf("[ %s bf16 layer by layer, %lld tokens: worst intermediate NMSE %.3g ]\n", GetParam(),
-                (long long)n, worst);
-  }
+  ASSERT_NO_FATAL_FAILURE(testutil::expect_bf16_layers_match_cpu(*ck, {23, 1}, 13, GetParam()));
 }
 
 // bf16 end to end (no injection): the logits stay near the CPU's; the bound allows the compounding above.
@@ -259,37 +208,9 @@ TEST(GpuModel, Bf16FastMlaKernelsMatchCpu) {
     EnvGuard() { setenv("K3_MLA_FAST", "1", 1); }
     ~EnvGuard() { unsetenv("K3_MLA_FAST"); }
   } env;
-  Trace tc, tg;
-  ModelOptions oc, og;
-  oc.precision = og.precision = Precision::bf16;
-  oc.trace = [&](const char* n, int l, const float* x, int64_t k) { tc[{n, l}].assign(x, x + k); };
-  og.trace = [&](const char* n, int l, const float* x, int64_t k) { tg[{n, l}].assign(x, x + k); };
   auto ck = open_model("tiny-k3-mla");
   ASSERT_TRUE(ck);
-  oc.n_threads = 2;
-  auto cpu = Model::load(*ck, oc);
-  auto gpu = gpu::GpuModel::load(*ck, og);
-  ASSERT_TRUE(cpu.ok() && gpu.ok());
-  (*gpu)->set_layer_inputs([&](int layer, int64_t n) -> const float* {
-    auto it = tc.find({"l_out", layer});
-    return it != tc.end() && int64_t(it->second.size()) == n ? it->second.data() : nullptr;
-  });
-  auto sc = (*cpu)->new_state();
-  auto sg = (*gpu)->new_state();
-  ASSERT_TRUE(sg.ok());
-  const auto tok = random_tokens(24, ck->config().n_vocab, 17);
-  for (int64_t t0 : {0, 23}) {
-    const int64_t n = t0 == 0 ? 23 : 1;
-    tc.clear(), tg.clear();
-    std::vector<float> lc, lg;
-    ASSERT_TRUE((*cpu)->forward(*sc, tok.data() + t0, n, &lc, true).ok());
-    ASSERT_TRUE((*gpu)->forward(**sg, tok.data() + t0, n, &lg, true).ok());
-    for (const auto& [key, ref] : tc) {
-      auto it = tg.find(key);
-      ASSERT_TRUE(it != tg.end()) << key.first << " layer " << key.second << " not traced on the GPU";
-      EXPECT_LE(nmse(it->second, ref), 1e-4) << key.first << " layer " << key.second << ", call of " << n;
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(testutil::expect_bf16_layers_match_cpu(*ck, {23, 1}, 17, "tiny-k3-mla K3_MLA_FAST"));
 }
 
 // -log softmax(z)[id] in double.

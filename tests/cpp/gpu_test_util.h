@@ -1,0 +1,99 @@
+// gpu_test_util.h: what the GPU model tests share: the skip without a device, a token-by-chunk GPU run and the
+// layer-by-layer bf16 comparison against the CPU. The GPU model's header has no CUDA headers, so this builds
+// (and the tests skip) without CUDA.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "gpu/model_gpu.h"
+#include "io/checkpoint.h"
+#include "model/model.h"
+#include "model_test_util.h"
+
+#define SKIP_WITHOUT_GPU() \
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (or built without CUDA)"
+
+namespace k3::testutil {
+
+// Logits of every position of tok on a fresh GPU state, fed in calls of `step` tokens (0: one call).
+inline std::vector<float> run_gpu(gpu::GpuModel& m, const std::vector<int32_t>& tok, int64_t step) {
+  auto st = m.new_state();
+  EXPECT_TRUE(st.ok()) << st.status().message();
+  if (!st.ok()) return {};
+  const int64_t T = int64_t(tok.size());
+  if (step <= 0) step = T;
+  std::vector<float> all, part;
+  for (int64_t t0 = 0; t0 < T; t0 += step) {
+    const int64_t n = std::min(step, T - t0);
+    Status s = m.forward(**st, tok.data() + t0, n, &part, true);
+    EXPECT_TRUE(s.ok()) << s.message();
+    all.insert(all.end(), part.begin(), part.end());
+  }
+  return all;
+}
+
+// bf16 layer by layer: GpuModel::set_layer_inputs feeds each GPU layer the CPU's input (so every block is
+// compared on identical inputs; end to end, bf16 rounding flips compound with depth). For calls of calls[i]
+// tokens in turn (random ids from seed), every intermediate the CPU traces must be traced on the GPU too and
+// match, NMSE <= 1e-4. on_state sees the new GPU state (e.g. to check which path it took). Call under
+// ASSERT_NO_FATAL_FAILURE.
+inline void expect_bf16_layers_match_cpu(const Checkpoint& ck, const std::vector<int64_t>& calls, uint32_t seed,
+                                         const std::string& label,
+                                         const std::function<void(const gpu::GpuSeqState&)>& on_state = {}) {
+  using Trace = std::map<std::pair<std::string, int>, std::vector<float>>;
+  Trace tc, tg;
+  ModelOptions oc, og;
+  oc.precision = og.precision = Precision::bf16;
+  oc.n_threads = 2;
+  oc.trace = [&](const char* n, int l, const float* x, int64_t k) { tc[{n, l}].assign(x, x + k); };
+  og.trace = [&](const char* n, int l, const float* x, int64_t k) { tg[{n, l}].assign(x, x + k); };
+  auto cpu = Model::load(ck, oc);
+  auto gpu = gpu::GpuModel::load(ck, og);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+  ASSERT_TRUE(gpu.ok()) << gpu.status().message();
+  (*gpu)->set_layer_inputs([&](int layer, int64_t n) -> const float* {
+    auto it = tc.find({"l_out", layer});
+    return it != tc.end() && int64_t(it->second.size()) == n ? it->second.data() : nullptr;
+  });
+  auto sc = (*cpu)->new_state();
+  auto sg = (*gpu)->new_state();
+  ASSERT_TRUE(sg.ok()) << sg.status().message();
+  if (on_state) on_state(**sg);
+  if (::testing::Test::HasFatalFailure()) return;
+  const auto tok = random_tokens(std::accumulate(calls.begin(), calls.end(), int64_t(0)), ck.config().n_vocab, seed);
+  int64_t t0 = 0;
+  for (const int64_t n : calls) {
+    tc.clear(), tg.clear();
+    std::vector<float> lc, lg;
+    ASSERT_TRUE((*cpu)->forward(*sc, tok.data() + t0, n, &lc, true).ok());
+    Status s = (*gpu)->forward(**sg, tok.data() + t0, n, &lg, true);
+    ASSERT_TRUE(s.ok()) << s.message();
+    ASSERT_FALSE(tc.empty());
+    EXPECT_EQ(tc.size(), tg.size());
+    double worst = 0;
+    std::string at;
+    for (const auto& [key, ref] : tc) {
+      auto it = tg.find(key);
+      ASSERT_TRUE(it != tg.end()) << key.first << " layer " << key.second << " not traced on the GPU";
+      const double e = nmse(it->second, ref);
+      if (e > worst) worst = e, at = key.first + " layer " + std::to_string(key.second);
+      EXPECT_LE(e, 1e-4) << key.first << " layer " << key.second << ", call of " << n << " tokens";
+    }
+    std::printf("[ %s bf16 layer by layer, %lld tokens: worst intermediate NMSE %.3g (%s) ]\n", label.c_str(),
+                (long long)n, worst, at.c_str());
+    t0 += n;
+  }
+}
+
+}  // namespace k3::testutil
