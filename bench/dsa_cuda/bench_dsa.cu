@@ -28,13 +28,11 @@
 #include "ops/mla_decode.h"
 #include "ops/mla_sparse.h"
 
-
 using namespace k3;
 
 namespace {
 
 constexpr int kH = 32, kDi = 128, kTopk = 2048, kP = 64, kHeads = 96;
-
 
 __device__ uint64_t mix(uint64_t i, uint64_t seed) {
   uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
@@ -89,7 +87,6 @@ double median_us(GpuContext& g, F&& f, int iters = 15) {
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2] * 1e3;
 }
-
 
 double nmse(const std::vector<float>& y, const std::vector<float>& r) {
   double num = 0, den = 0;

@@ -29,7 +29,6 @@
 #include "ops/moe_experts.h"
 #include "ops/moe_route.h"
 
-
 using namespace k3;
 
 namespace k3 {  // moe_experts_cuda.cu, built with -DK3_MOE_VARIANTS: 0 default, 1 replicated table,
@@ -38,8 +37,6 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
 }
 
 namespace {
-
-
 
 template <class F>
 double median_ms(cudaStream_t st, F&& f, int warm = 2, int reps = 10) {
@@ -237,8 +234,6 @@ void check_route(int64_t n_tok, int E, int k, uint32_t seed, GpuContext& g) {
   }
   cudaFree((void*)d.logits), cudaFree((void*)d.bias), cudaFree(d.sel), cudaFree(d.wt);
 }
-
-
 
 }  // namespace
 
