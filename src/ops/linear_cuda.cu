@@ -11,6 +11,7 @@
 //           CUBLAS_COMPUTE_32F_PEDANTIC (no TF32 unless g.allow_tf32: then _FAST_TF32).
 //       Tiles live in g.workspace: the bf16 x copy takes at most half; W is decoded in row tiles that fit
 //       the rest, so no full decoded copy is ever made.
+#include <cstdio>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -337,7 +338,11 @@ void gemm(WK k, const LinearWeight& W, const LinearParams& p, int64_t ldx, int64
 
 void linear_cuda(const LinearWeight& W, const LinearParams& p, GpuContext& g) {
   K3_ASSERT(!W.is_mxfp4() || W.in % 32 == 0);
-  K3_ASSERT(W.in > 0);
+  if (W.in <= 0) {  // a weight that was never loaded: name its shape before stopping
+    std::fprintf(stderr, "k3: linear_cuda on an empty weight [%lld, %lld] (n_tok %lld)\n", (long long)W.out,
+                 (long long)W.in, (long long)p.n_tok);
+    K3_ASSERT(W.in > 0);
+  }
   if (p.n_tok <= 0 || W.out <= 0) return;
   const int64_t ldx = p.ldx ? p.ldx : W.in, ldy = p.ldy ? p.ldy : W.out;
   const WK k = kind_of(W);
