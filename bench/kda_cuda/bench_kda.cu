@@ -531,7 +531,7 @@ int main(int argc, char** argv) {
   ctx.workspace_bytes = size_t(ws_env ? std::atoi(ws_env) : 256) << 20;
   CK(cudaMalloc(&ctx.workspace, ctx.workspace_bytes));
   std::printf("prefill: %s; workspace %zu MiB = %zu chunks of 96 heads\n",
-              kda_prefill_split_enabled() ? "two-kernel (K3_KDA_PREFILL_SPLIT=1, first GPU run)" : "one-kernel (validated)",
+              kda_prefill_split_enabled() ? "two-kernel (default)" : "one-kernel (K3_KDA_PREFILL_SPLIT=0)",
               ctx.workspace_bytes >> 20, ctx.workspace_bytes / kda_prefill_fast_workspace_bytes(H));
   // Rejection of an unsupported shape is a message, not a launch.
   {

@@ -85,19 +85,19 @@ struct KdaDecodeParams {
 
 // Checks the shape (the only one served: d_k = d_v = 128) and enqueues the kernel.
 Status kda_prefill_fast_cuda(const KdaPrefillParams& p, GpuContext& g);
-// The prefill runs the one-kernel version validated on the H200 (no workspace needed) unless the environment
-// sets K3_KDA_PREFILL_SPLIT=1: then the two-kernel version (a parallel pre-pass into g.workspace, then the
-// state walk; compiles, NOT YET RUN ON A GPU) needs g.workspace of at least this many bytes (n_head x 64.5 KiB,
-// one chunk of 64 tokens of every head; more takes more chunks per pass) and fails with a Status otherwise.
+// The prefill runs the two-kernel version (a parallel pre-pass into g.workspace, then the state walk), which
+// needs g.workspace of at least this many bytes (n_head x 64.5 KiB, one chunk of 64 tokens of every head;
+// more takes more chunks per pass) and fails with a Status otherwise. K3_KDA_PREFILL_SPLIT=0 in the
+// environment runs the one-kernel version instead (no workspace). Both checked on the H200 (session 4).
 size_t kda_prefill_fast_workspace_bytes(int n_head);
-bool kda_prefill_split_enabled();  // K3_KDA_PREFILL_SPLIT=1 (read once)
+bool kda_prefill_split_enabled();  // false only with K3_KDA_PREFILL_SPLIT=0 (read once)
 Status kda_decode_fast_cuda(const KdaDecodeParams& p, GpuContext& g);
 
 // Host references in fp64 on the same inputs (pointers are HOST pointers here, same layouts): the
 // token-by-token recurrence over each sequence, and the decode step composed op by op.
 void kda_prefill_fast_ref(const KdaPrefillParams& p);
 void kda_decode_fast_ref(const KdaDecodeParams& p);
-// The two-kernel GPU prefill (K3_KDA_PREFILL_SPLIT=1) emulated on the host (kda_fast_prefill_emu.cpp): the
+// The two-kernel GPU prefill emulated on the host (kda_fast_prefill_emu.cpp): the
 // same chunk numbering, windows of `window` chunks, decomposition and rounding points (fp16 scratch, tf32 MMA
 // operands, fp32 accumulation and state, bf16 o); HOST pointers. Checks the algorithm without a GPU.
 void kda_prefill_split_emulate(const KdaPrefillParams& p, int64_t window);

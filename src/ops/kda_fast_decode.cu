@@ -9,10 +9,9 @@
 //   out = o rsqrt(mean(o^2) + eps) w_onorm sigmoid(gate)
 // Sums over the 128 rows go through shared memory, one partial per warp.
 //
-// This is the kernel validated on the H200 in session 2 (docs/perf.md) and the default. The bulk-copy
-// (TMA) version in kda_fast_decode_tma.cu, which also serves the optional fields of KdaDecodeParams
-// (per-sequence state pointers, separate conv taps, KL's gate, traced intermediates), compiles but has NOT
-// run on a GPU yet: it is used only when one of those fields is set or K3_KDA_DECODE_TMA=1.
+// This kernel serves small batches (fewer than 8 sequences; validated on the H200 in session 2). The
+// bulk-copy (TMA) version in kda_fast_decode_tma.cu serves larger batches and the optional fields of
+// KdaDecodeParams (per-sequence state pointers, separate conv taps, KL's gate, traced intermediates).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -259,18 +258,24 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(NT, 4)
 
 }  // namespace
 
-// kda_fast_decode_tma.cu (not yet run on a GPU).
+// kda_fast_decode_tma.cu: the state bulk-copied into shared memory, 3 CTAs per SM.
 Status kda_decode_fast_tma_cuda(const KdaDecodeParams& p, GpuContext& g);
+
+// Which kernel: K3_KDA_DECODE_TMA=0/1 forces one; otherwise the bulk-copy kernel from kTmaMinSeq sequences.
+// Measured on the H200 (session 4): at b = 64 it moves the state at 0.86 of the copy rate against 0.76 for
+// this file's kernel; at b = 1 it is slower (9.3-9.8 vs 8.8-9.2 us). Nothing was measured between.
+constexpr int kTmaMinSeq = 8;
 
 Status kda_decode_fast_cuda(const KdaDecodeParams& p, GpuContext& g) {
   Status st = kda_decode_fast_check(p);
   if (!st.ok()) return st;
-  static const bool tma_asked = [] {
+  static const int forced = [] {
     const char* e = std::getenv("K3_KDA_DECODE_TMA");
-    return e && e[0] == '1';
+    return e ? (e[0] == '1' ? 1 : 0) : -1;
   }();
   const bool extended = p.S_seq || p.conv_seq || p.conv_w_k || p.softplus_gate || p.q_out || p.g_out || p.o_out;
-  if (extended || tma_asked) return kda_decode_fast_tma_cuda(p, g);
+  const bool tma = forced >= 0 ? forced == 1 : p.n_seq >= kTmaMinSeq;
+  if (extended || tma) return kda_decode_fast_tma_cuda(p, g);
 #if KDA_DECODE_SPLIT
   const dim3 grid(2 * unsigned(p.n_head), unsigned(p.n_seq));
   kda_decode_split_kernel<<<grid, NT, 0, g.stream>>>(p);

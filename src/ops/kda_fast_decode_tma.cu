@@ -1,7 +1,7 @@
 // kda_fast_decode_tma.cu: the second version of the fused KDA decode step (kda_fast.h), d_k = d_v = 128.
-// COMPILES; NOT YET RUN ON A GPU (session 3 had no device). kda_fast_decode.cu's validated kernel stays the
-// default; this one runs when a caller sets one of KdaDecodeParams' optional fields (the GPU model's opt-in
-// fast path, K3_KDA_FAST=1) or K3_KDA_DECODE_TMA=1. What the next device call must check: docs/kda_cuda.md.
+// Checked against the fp64 reference and timed on the H200 in session 4 (b = 64: 0.86 of the copy rate). It
+// runs from 8 sequences on (kda_fast_decode.cu's dispatch), when a caller sets one of KdaDecodeParams'
+// optional fields (the GPU model's fast path, K3_KDA_FAST=1), or with K3_KDA_DECODE_TMA=1.
 //
 // One CTA (8 warps) per (head, sequence); the state S[slot][h] [128, 128] fp32 (64 KB, contiguous) is read
 // once, updated and written back once, in place:

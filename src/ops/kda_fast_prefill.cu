@@ -1,7 +1,7 @@
 // kda_fast_prefill.cu: chunkwise KDA prefill for d_k = d_v = 128 (kda_fast.h), tf32 tensor-core MMAs: the
-// one-kernel version measured on the H200 in session 2 (T = 8192: 5.41 ms, o rel-RMS 1.35e-3), and the
-// DEFAULT. kda_prefill_fast_cuda (kda_fast_prefill_state.cu) calls it unless K3_KDA_PREFILL_SPLIT=1 picks the
-// two-kernel version (kda_fast_prefill_intra.cu + kda_fast_prefill_state.cu, not yet run on a GPU).
+// one-kernel version measured on the H200 in session 2 (T = 8192: 5.41 ms, o rel-RMS 1.35e-3), now the
+// cross-check of the default two-kernel version (kda_fast_prefill_intra.cu + kda_fast_prefill_state.cu, 1.5x
+// faster); kda_prefill_fast_cuda (kda_fast_prefill_state.cu) calls it with K3_KDA_PREFILL_SPLIT=0.
 //
 // One CTA (8 warps) per (half of V, head, sequence) walks the sequence's chunks of C = 64 tokens with the
 // fp32 state slice S [128, 64] in shared memory. Per chunk, G = in-chunk cumsum of g:

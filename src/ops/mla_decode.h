@@ -55,10 +55,10 @@ void mla_decode_ref(const MlaDecodeParams& p);
 
 // CUDA (device pointers, asynchronous on g.stream; graph-capture safe: no allocation, no sync). Needs
 // mla_decode_workspace_bytes(p) bytes of g.workspace for the per-split partials (n_split is reduced until
-// it fits). Runs the mma.sync kernel (validated on the H200); K3_MLA_KERNEL=wgmma in the environment picks
-// the sm_90a warpgroup-MMA kernel instead (compiles; NOT YET RUN ON A GPU).
+// it fits). Picks the sm_90a warpgroup-MMA kernel when the step reads at least 16K cache rows (n_seq x
+// max_ctx), else the mma.sync one (both checked and timed on the H200); K3_MLA_KERNEL=mma|wgmma forces one.
 void mla_decode_cuda(const MlaDecodeParams& p, GpuContext& g);
-// The sm_90a warpgroup-MMA kernel (64 heads a CTA) explicitly. Compiles; not yet run on a GPU.
+// The sm_90a warpgroup-MMA kernel (64 heads a CTA) explicitly.
 void mla_decode_cuda_wgmma(const MlaDecodeParams& p, GpuContext& g);
 // The same contract on plain CUDA cores (no tensor cores): the slower cross-check of mla_decode_cuda.
 void mla_decode_cuda_simple(const MlaDecodeParams& p, GpuContext& g);

@@ -1,9 +1,9 @@
 // mla_decode_cuda.cu: absorbed MLA decode over the paged latent cache on the GPU (contract: mla_decode.h):
 // the split plan, the CUDA-core kernel, the combine kernel and the dispatch.
 //
-// mla_decode_cuda runs the mma.sync kernel (mla_decode_mma_cuda.cu, 32 heads a CTA; validated on the H200 in
-// session 2). The Hopper warpgroup-MMA kernel (mla_decode_wgmma_cuda.cu, 64 heads a CTA) compiles but has not
-// run on a GPU yet: it is opt-in, K3_MLA_KERNEL=wgmma in the environment (or mla_decode_cuda_wgmma).
+// mla_decode_cuda picks the mma.sync kernel (mla_decode_mma_cuda.cu, 32 heads a CTA) for small steps and the
+// Hopper warpgroup-MMA kernel (mla_decode_wgmma_cuda.cu, 64 heads a CTA) for large ones (use_wgmma_kernel);
+// both were checked against the fp64 reference and timed on the H200 (session 4).
 // mla_split_simple: 8 heads per CTA on CUDA cores (warp = head for the scores, thread = 2 dims
 // for o), the slow cross-check.
 #include <cuda_bf16.h>
@@ -153,12 +153,17 @@ void combine(const MlaDecodeParams& p, const Split& s, float* part_o, GpuContext
   K3_CUDA_LAUNCH_CHECK();
 }
 
-bool use_wgmma_kernel() {
-  static const bool v = [] {
+// K3_MLA_KERNEL=mma|wgmma forces a kernel (benches, tests). Otherwise the warpgroup kernel runs when a step
+// reads at least kWgMinRows cache rows: measured on the H200 (docs/perf.md, session 4), wgmma is 1.38x
+// faster at b1 x 32K and 2.16x at b64 x 32K, mma.sync 1.24x faster at b1 x 4K (nothing measured between).
+constexpr int64_t kWgMinRows = 16384;
+
+bool use_wgmma_kernel(const MlaDecodeParams& p) {
+  static const int forced = [] {
     const char* e = std::getenv("K3_MLA_KERNEL");
-    return e && std::strcmp(e, "wgmma") == 0;
+    return !e ? -1 : std::strcmp(e, "wgmma") == 0 ? 1 : std::strcmp(e, "mma") == 0 ? 0 : -1;
   }();
-  return v;
+  return forced >= 0 ? forced == 1 : int64_t(p.n_seq) * p.max_ctx >= kWgMinRows;
 }
 
 void run_split(const MlaDecodeParams& p, GpuContext& g, bool wgmma) {
@@ -184,7 +189,7 @@ size_t mla_decode_workspace_bytes(const MlaDecodeParams& p, int n_split) {
 }
 
 void mla_decode_cuda(const MlaDecodeParams& p, GpuContext& g) {
-  run_split(p, g, use_wgmma_kernel());
+  run_split(p, g, use_wgmma_kernel(p));
 }
 
 void mla_decode_cuda_wgmma(const MlaDecodeParams& p, GpuContext& g) {
