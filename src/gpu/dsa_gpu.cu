@@ -5,8 +5,8 @@
 //   I[t, s] = (Hi Di)^-1/2 sum_h a_{t,h} relu(q^I_{t,h} . k^I_s)     s <= t, fp32
 //   S_t = every s <= t when t (1-based) <= topk; else the topk largest I[t, s], ties -> lower s, ascending
 //
-// Opt-in (K3_DSA_FAST=1; compiled but NOT yet run on a GPU, so the default stays the generic path below,
-// validated on the H200 in session 2), bf16 mode (index head dim a multiple of 16, <= 128; <= 64 index
+// Default since session 4 (checked on the H200; K3_DSA_FAST=0 keeps the generic path below, validated in
+// session 2), bf16 mode (index head dim a multiple of 16, <= 128; <= 64 index
 // heads): the ops of ops/dsa_index.h and ops/dsa_topk.h. The fp32 index keys of the state (bf16 values in
 // this mode) are stored as bf16 pages (dsa_key_store_cuda, exact), scored on tensor cores (q^I and a are bf16
 // already: the linears round their outputs in this mode, on the CPU too), and the exact radix top-k picks the
@@ -116,11 +116,13 @@ Status trace_sel(const GpuCtx& c, int layer, const int32_t* sel, int64_t n_past,
   return ok_status();
 }
 
-// K3_DSA_FAST=1 selects the new ops in bf16 mode (read once).
+// The DSA ops (paged index keys, tensor-core scores, radix top-k, sparse MLA) serve bf16 mode by default
+// since session 4 (ops checked on the H200, and the K3.1 slice's layers = CPU); K3_DSA_FAST=0 (read once)
+// keeps the straightforward kernels.
 bool dsa_fast_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("K3_DSA_FAST");
-    return v && v[0] == '1';
+    return !v || v[0] != '0';
   }();
   return on;
 }

@@ -5,14 +5,14 @@
 //   K3: z = bf16(latent_down x);  y = bf16(sum_j w_j E_j(z)) in slot order;  y = latent_up RMSNorm(y)
 //   KL: y = bf16(sum_j w_j E_j(x))
 //   out = bf16(y + shared(x))
-// Opt-in fused path (K3_MOE_FAST=1 at load: weights_gpu.cu then builds gate_down and expert_table; compiles,
-// not yet run on a GPU), bf16 mode with MXFP4 experts (K3): all on the device, no host round trip:
+// Fused path, the default for bf16 mode with MXFP4 experts (K3) since session 4 (weights_gpu.cu builds
+// gate_down and expert_table at load unless K3_MOE_FAST=0): all on the device, no host round trip:
 //   [logits | z] = x [W_gate ; routed_expert_down_proj]^T   one GEMM over the concatenated bf16 weight
 //                                                           (weights_gpu.h gate_down), fp32 out, unrounded
 //   sel, w = moe_route(logits)                              ops/moe_route.h, a warp per token
 //   y = moe_experts(bf16(z), sel, w)                        ops/moe_experts.h: device counting sort,
 //                                                           MXFP4 tensor-core kernels, slot-order sum
-// Default (validated on the H200), fp32 mode and bf16 experts (KL): routing on the device (one thread per
+// First GPU version (K3_MOE_FAST=0), fp32 mode and bf16 experts (KL): routing on the device (one thread per
 // token, k passes of an argmax below the previous pick); the dispatch reads the selection on the host (one
 // sync per MoE layer), groups the (token, slot) rows by expert, runs each expert's GLU on its contiguous rows and
 // scatters the results back to (token, slot) rows; the weighted sum then runs per token in slot order.
@@ -124,7 +124,7 @@ Status routed_fused(const GpuCtx& c, const ModelConfig& cfg, const MoeWeightsGpu
 Status moe_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MoeWeightsGpu& w, const float* x,
                        int64_t n_tok, float* out, int layer) {
   const MoeConfig& m = cfg.moe;
-  if (c.bf16() && m.d_latent > 0 && w.expert_table && n_tok > 0) {  // expert_table: only with K3_MOE_FAST=1
+  if (c.bf16() && m.d_latent > 0 && w.expert_table && n_tok > 0) {  // expert_table: unless K3_MOE_FAST=0
     const int64_t D = cfg.d_model, dz = m.d_latent;
     DevBuf y, routed;
     K3_RETURN_IF_ERROR(y.alloc(c, n_tok * dz));

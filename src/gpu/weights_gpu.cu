@@ -87,15 +87,16 @@ void walk_mla(Uploader& u, const MlaWeights& h, MlaWeightsGpu* d) {
   }
 }
 
-// MoE re-layout for the fused kernels (ops/moe_route.h, ops/moe_experts.h). Opt-in: only with K3_MOE_FAST=1
-// in the environment at load time, until those kernels have run on a GPU; without it the upload is the
-// validated one (separate gate / latent_down, no table) and moe_gpu.cu keeps its validated path. With it, a
+// MoE re-layout for the fused kernels (ops/moe_route.h, ops/moe_experts.h), the default since session 4
+// (checked on the H200: ops, tiny models and the K3 slice's layers = CPU). K3_MOE_FAST=0 in the environment
+// at load time keeps the first GPU version (separate gate / latent_down, no table, routing copied to the
+// host), which moe_gpu.cu still serves (fp32 mode and bf16 experts always take it). With the default, a
 // bf16 router and latent down-projection with the same input width go into one [n_expert + d_latent, D]
 // matrix (gate and latent_down are views of its two row ranges, so nothing is stored twice), and MXFP4
 // experts keep their checkpoint layout and get a device table of per-expert pointers.
 bool moe_fast_requested() {
   const char* v = std::getenv("K3_MOE_FAST");
-  return v && v[0] == '1';
+  return !v || v[0] != '0';
 }
 
 void walk_moe(Uploader& u, const MoeWeights& h, MoeWeightsGpu* d) {

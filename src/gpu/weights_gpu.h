@@ -54,7 +54,7 @@ struct MlaWeightsGpu {
 
 struct MoeWeightsGpu {
   LinearWeight gate;                // [n_expert, D]
-  // Only with K3_MOE_FAST=1 at load (the fused kernels, not yet run on a GPU; weights_gpu.cu walk_moe):
+  // Unless K3_MOE_FAST=0 at load (the fused kernels; weights_gpu.cu walk_moe):
   // the K3 bf16 router and latent down-projection stored as one matrix (gate / latent_down are views of it),
   // one GEMM reads x once for both; absent (w null) when the dtypes differ or the switch is off.
   LinearWeight gate_down;           // [n_expert + d_latent, D]
