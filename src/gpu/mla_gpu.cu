@@ -24,6 +24,7 @@
 #include "ops/attention.h"
 #include "ops/mla_decode.h"
 #include "ops/mla_prefill.h"
+#include "ops/mla_sparse.h"
 
 namespace k3::gpu {
 
@@ -85,7 +86,7 @@ __global__ void to_bf16_kernel(uint16_t* y, const float* x, int64_t n) {
 __global__ void decode_table_kernel(int32_t* ctx_len, int32_t* table, int64_t n_tok, int n_pages,
                                     int64_t n0) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n_tok) ctx_len[i] = int32_t(n0 + i + 1);
+  if (ctx_len && i < n_tok) ctx_len[i] = int32_t(n0 + i + 1);
   if (i < n_tok * n_pages) table[i] = int32_t(i % n_pages);
 }
 
@@ -118,6 +119,37 @@ Status decode_fast(const GpuCtx& c, const float* qs, const float* latent, int64_
   K3_RETURN_IF_ERROR(ws.alloc_bytes(c, g.workspace_bytes));
   g.workspace = ws.f();
   mla_decode_cuda(p, g);
+  return ok_status();
+}
+
+// Absorbed attention of one sequence over its DSA-selected rows (ops/mla_sparse.h): qs [n_tok, nh, 576],
+// sel [n_tok, topk] ascending positions (-1 padded), latent [n_ctx, 576] -> zs [n_tok, nh, 512]. The rows
+// are gathered per query and run through the tensor-core decode kernel, so the cost is flat in the context.
+Status sparse_fast(const GpuCtx& c, const float* qs, const float* latent, const int32_t* sel, int64_t n_tok,
+                   int64_t n_past, int nh, int64_t topk, float scale, float* zs) {
+  constexpr int P = 64;
+  const int64_t n_ctx = n_past + n_tok;
+  const int n_pages = int((n_ctx + P - 1) / P);
+  DevBuf q16, lat16, table, scratch, ws;
+  K3_RETURN_IF_ERROR(to_bf16(c, qs, n_tok * nh * kMlaRow, &q16));
+  K3_RETURN_IF_ERROR(to_bf16(c, latent, n_ctx * kMlaRow, &lat16));
+  K3_RETURN_IF_ERROR(table.alloc_bytes(c, size_t(n_pages) * 4));
+  decode_table_kernel<<<blocks_for(n_pages), kThreads, 0, c.stream()>>>(nullptr, table.as<int32_t>(), 1,
+                                                                        n_pages, n_ctx - 1);
+  MlaSparseParams p;
+  p.n_q = int(n_tok), p.n_head = nh, p.topk = int(topk), p.sel = sel;
+  p.page_size = P, p.max_pages = n_pages, p.n_pages = n_pages, p.block_table = table.as<int32_t>();
+  p.shared_table = true, p.cache = lat16.as<uint16_t>(), p.q = q16.as<uint16_t>(), p.scale = scale, p.out = zs;
+  K3_RETURN_IF_ERROR(mla_sparse_check(p));
+  K3_RETURN_IF_ERROR(scratch.alloc_bytes(c, mla_sparse_scratch_bytes(p.n_q, p.topk)));
+  p.scratch = scratch.as<void>();
+  MlaDecodeParams d;  // the decode call mla_sparse_cuda makes over the gathered rows, for its partials
+  d.n_seq = p.n_q, d.n_head = nh, d.page_size = p.topk, d.max_pages = 1, d.n_pages = p.n_q, d.max_ctx = p.topk;
+  GpuContext g = *c.g;
+  g.workspace_bytes = mla_decode_workspace_bytes(d, 0);
+  K3_RETURN_IF_ERROR(ws.alloc_bytes(c, g.workspace_bytes));
+  g.workspace = ws.f();
+  mla_sparse_cuda(p, g);
   return ok_status();
 }
 
@@ -178,6 +210,12 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
   const bool fast = c.bf16() && fast_env && fast_env[0] == '1';
   const bool fast_decode = fast && R == kMlaLatent && dr == kMlaRope;
   const bool fast_prefill = fast && dn == kMlaPrefillNope && dr == kMlaPrefillRope && dv == kMlaPrefillV;
+  // DSA's absorbed steps in bf16 mode run ops/mla_sparse.h unless K3_DSA_SPARSE_MLA=0 (the generic kernel)
+  static const bool sparse_env = [] {
+    const char* v = std::getenv("K3_DSA_SPARSE_MLA");
+    return !v || v[0] != '0';
+  }();
+  const bool sparse_mla = sparse_env && c.bf16() && R == kMlaLatent && dr == kMlaRope;
   for (const MlaSeqGpu& s : seqs) {
     if (s.n_tok <= 0) continue;
     MlaStateGpu& st = *s.st;
@@ -226,6 +264,9 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
         qs, q.f() + s.row0 * nh * dqk, w.kv_b_f32, s.n_tok, nh, dn, dr, R, wkv);
     if (fast_decode && !sparse) {
       K3_RETURN_IF_ERROR(decode_fast(c, qs, st.latent, s.n_tok, s.n_past, nh, scale, zs));
+    } else if (sparse_mla && sparse) {
+      K3_RETURN_IF_ERROR(sparse_fast(c, qs, st.latent, sel.as<int32_t>(), s.n_tok, s.n_past, nh, cfg.dsa.topk,
+                                     scale, zs));
     } else {
       p.d_qk = dl, p.d_v = R;
       p.q = qs, p.q_tok_stride = int64_t(nh) * dl, p.q_head_stride = dl;

@@ -25,6 +25,7 @@
 #include "io/tokenizer.h"
 #include "model/model.h"
 #include "gpu_test_util.h"
+#include "patched_checkpoint.h"
 #include "model_test_util.h"
 
 namespace k3 {
@@ -211,6 +212,42 @@ TEST(GpuModel, Bf16FastMlaKernelsMatchCpu) {
   auto ck = open_model("tiny-k3-mla");
   ASSERT_TRUE(ck);
   ASSERT_NO_FATAL_FAILURE(testutil::expect_bf16_layers_match_cpu(*ck, {23, 1}, 17, "tiny-k3-mla K3_MLA_FAST"));
+}
+
+// tiny-k3-mla (a 512-wide latent, rope 64: the tensor-core kernels' shapes) with DSA on its MLA layers and
+// top-8, so decode steps past 8 tokens take ops/mla_sparse.h (gathered rows on the decode kernel); the
+// indexer tensors are drawn (testutil::PatchedCheckpoint).
+std::unique_ptr<testutil::PatchedCheckpoint> mla_dsa_top8() {
+  return testutil::PatchedCheckpoint::make("tiny-k3-mla", [](nlohmann::json& j) {
+    nlohmann::json& t = j["text_config"];
+    t["dsa_config"] = {{"dsa_layers", t["linear_attn_config"]["full_attn_layers"]},
+                       {"index_num_heads", 2},
+                       {"index_head_dim", 16},
+                       {"index_topk", 8},
+                       {"index_topk_freq", 1},
+                       {"index_k_norm_type", "layernorm"}};
+  });
+}
+
+TEST(PatchedCheckpoint, MlaDsaTop8DrawsOnlyIndexerTensors) {
+  auto ck = mla_dsa_top8();
+  ASSERT_TRUE(ck);
+  EXPECT_EQ(ck->config().dsa.topk, 8);
+  ASSERT_FALSE(ck->fresh_.empty());
+  for (const std::string& n : ck->fresh_) EXPECT_NE(n.find(".indexer."), std::string::npos) << n;
+  ModelOptions opt;
+  opt.n_threads = 2;
+  auto cpu = Model::load(*ck, opt);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+}
+
+// bf16, layer by layer: a 23-token prefill (sparse, unabsorbed: the generic kernel) and three decode steps
+// (sparse, absorbed: ops/mla_sparse.h) against the CPU.
+TEST(GpuModel, Bf16DsaSparseMlaMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  auto ck = mla_dsa_top8();
+  ASSERT_TRUE(ck);
+  ASSERT_NO_FATAL_FAILURE(testutil::expect_bf16_layers_match_cpu(*ck, {23, 1, 1, 1}, 19, "tiny-k3-mla DSA top-8"));
 }
 
 // -log softmax(z)[id] in double.
