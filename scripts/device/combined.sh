@@ -8,6 +8,9 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must be set (the device tool sets it)}"
 t0=$SECONDS
+# the non-CUDA shared libraries each helper packed (cpp-httplib, xxhash, ...), for every helper's binaries
+for d in .carry/dev/*/lib; do [ -d "$d" ] && LD_LIBRARY_PATH=$PWD/$d:${LD_LIBRARY_PATH:-}; done
+export LD_LIBRARY_PATH
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,memory.used --format=csv,noheader
 for spec in "$@"; do
   name=${spec%%:*}; budget=${spec##*:}

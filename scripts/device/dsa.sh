@@ -23,7 +23,7 @@ if [ "${1:-}" = "--pack" ]; then  # runs HERE
     cp "$build/k3_tests" "$dst/k3_tests" && strip -s "$dst/k3_tests" && xz -T2 -6 "$dst/k3_tests"
   fi
   git rev-parse --short HEAD >"$dst/COMMIT"
-  ldd "$dst/test-ops" 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
+  ldd "$dst/test-ops" "$build/k3_tests" 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
     grep -v -E 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libcuda|libcublas|libcudart|libpthread|libdl|librt' |
     xargs -r -I{} cp -L {} "$dst/lib/"
   du -sh "$dst"

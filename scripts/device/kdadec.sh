@@ -77,7 +77,7 @@ EOF
   done
   if [ -x "$B/k3_tests" ] && [ "$(left)" -gt 10 ]; then
     echo "== k3_tests GPU model (t=$((SECONDS - t0)) s)"
-    timeout "$(($(left) < 40 ? $(left) : 40))" "$B/k3_tests" --gtest_filter="${TESTS:-GpuKdaFast*:GpuModel*}" \
+    timeout "$(($(left) < 40 ? $(left) : 40))" "$B/k3_tests" --gtest_filter="${TESTS:-*GpuKdaFast*:*GpuModel*}" \
       --gtest_brief=1 2>&1 | tail -40
   fi
   if [ -x "$B/k3" ] && [ "$(left)" -gt 25 ] && python3 -c "import ml_dtypes" 2>/dev/null; then

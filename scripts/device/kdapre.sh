@@ -3,6 +3,7 @@
 # Runs the carried bench_kda binaries (correctness vs fp64 first, then timings), then the peer fla's
 # chunk_kda / fused_recurrent_kda (bench_fla.py) in the time left, with the Triton cache carried in
 # .carry/dev/kdapre/triton.tar.xz (and sent back, refreshed, so later calls skip fla's ~70 s compile/autotune).
+# NCU=1 adds an Nsight Compute summary of each prefill kernel (first launch) before fla.
 # At most 3 files in $OUT/kdapre: run.log, kda_cuda.jsonl, triton.tar.xz.
 #
 #   here:   bash scripts/device/kdapre.sh --pack BUILD   (BUILD/bench/bench_kda* + COMMIT + PLAN into .carry/dev/kdapre)
@@ -45,6 +46,15 @@ commit=$(cat "$C/COMMIT" 2>/dev/null || echo unknown)
     echo "== $tag: $name $mode ${envs:-} (t=$((SECONDS - t0)) s)"
     env ${envs//,/ } timeout "$secs" "$C/$name" "$tmp/ours_$tag.json" "$mode" 2>&1 | grep -v conv_mismatch
   done <<<"$plan"
+  if [ -n "${NCU:-}" ] && command -v ncu >/dev/null; then  # NCU=1: hardware counters of each prefill kernel's first launch
+    for k in kda_intra_kernel kda_state_kernel kda_prefill_kernel; do
+      sw=K3_KDA_PREFILL_SPLIT=1; [ $k = kda_prefill_kernel ] && sw=K3_NONE=1
+      echo "== ncu $k (t=$((SECONDS - t0)) s)"
+      env $sw timeout 40 ncu --clock-control none -k "regex:$k" -c 1 --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section MemoryWorkloadAnalysis --section WarpStateStats --section ComputeWorkloadAnalysis \
+        --section SchedulerStats "$C/bench_kda" /dev/null prefill 2>&1 | grep -v -E '^==PROF==|^  (prefill|copy)' | cut -c1-160
+    done
+  fi
   if [ "${FLA:-1}" != 0 ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       "$C"/whl/*.whl && export PYTHONPATH=/tmp/site

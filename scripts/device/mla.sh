@@ -65,7 +65,7 @@ t0=$SECONDS
   echo "rc=${PIPESTATUS[0]} (t=$((SECONDS - t0)) s)"
   if [ -x "$k3_tests" ]; then  # GPU model = CPU, incl. tiny-k3-mla and K3_MLA_FAST=1
     echo "== k3_tests GpuModel* (t=$((SECONDS - t0)) s)"
-    timeout 15 "$k3_tests" --gtest_filter='GpuModel*' 2>&1 | grep -E "^\[  (PASSED|FAILED) |FAILED|Failure|NMSE|error" | tail -20
+    timeout 15 "$k3_tests" --gtest_filter='*GpuModel*' 2>&1 | grep -E "^\[  (PASSED|FAILED) |FAILED|Failure|NMSE|error" | tail -20
   fi
   echo "== done (t=$((SECONDS - t0)) s)"
 } >"$out/run.log" 2>&1

@@ -21,8 +21,8 @@ if [ "${1:-}" = "--pack" ]; then  # runs HERE
   for bin in test-ops tests/k3_tests; do
     [ -x "$build/$bin" ] && cp "$build/$bin" "$dst/" && strip -s "$dst/$(basename "$bin")"
   done
-  if [ -x "$dst/test-ops" ]; then
-    ldd "$dst/test-ops" 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
+  if [ -x "$dst/test-ops" ] || [ -x "$dst/k3_tests" ]; then
+    ldd $(ls "$dst"/test-ops "$dst"/k3_tests 2>/dev/null) 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
       grep -v -E 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libcuda|libcublas|libcudart|libpthread|libdl|librt' |
       xargs -r -I{} cp -L {} "$dst/lib/"
   fi

@@ -5,6 +5,7 @@
 # Writes $OUT/slice/run.log and $OUT/slice/slice.jsonl; removes everything it put in /dev/shm.
 # Not yet run on a GPU (session 3 had no device). Next session, e.g. in a 120 s slot:
 #   SLICE_BUDGET=120 SLICE_GEN_S=40 SLICE_LOGITS_S=30 SLICE_BENCH_S=60 bash scripts/device/slice.sh --pack BUILD
+# SLICE_BENCH_ENV='K3_MLA_FAST=1 ...' runs the tests and the bench with those switches; SLICE_TEST_FILTER picks tests.
 # (SLICE_EXPERTS=64 makes a 13 GB slice when the full 57.6 GB one does not fit the slot.)
 #
 #   here:   bash scripts/device/slice.sh --pack BUILD    (k3, bench_slice, k3_tests, COMMIT -> .carry/dev/slice)
@@ -20,7 +21,7 @@ if [ "${1:-}" = "--pack" ]; then  # runs HERE
     [ -x "$build/$f" ] && cp "$build/$f" "$dst/" && strip -s "$dst/$(basename "$f")"
   done
   git rev-parse --short HEAD >"$dst/COMMIT"
-  env | grep -E '^SLICE_[A-Z_]+=' >"$dst/CONFIG" || true  # SLICE_* settings travel with the binaries
+  for v in $(compgen -v SLICE_); do printf '%s=%q\n' "$v" "${!v}"; done >"$dst/CONFIG"  # SLICE_* travel along
   if [ "$(du -sb "$dst" | cut -f1)" -gt 6000000 ]; then
     (cd "$dst" && tar cJf bin.tar.xz k3 bench_slice k3_tests 2>/dev/null; rm -f k3 bench_slice k3_tests)
   fi
@@ -53,7 +54,8 @@ E=${SLICE_EXPERTS:-896}
   python3 -c "import numpy; print('numpy', numpy.__version__)"
   if [ -x "$B/k3_tests" ]; then  # CUDA-graph decode steps = eager, bit for bit (tiny models)
     echo "== k3_tests GpuGraph.* ($(el))"
-    timeout "${SLICE_TESTS_S:-60}" "$B/k3_tests" --gtest_filter='GpuGraph.*' 2>&1 | tail -25
+    env ${SLICE_BENCH_ENV:-} timeout "${SLICE_TESTS_S:-60}" "$B/k3_tests" --gtest_filter="${SLICE_TEST_FILTER:-GpuGraph.*}" 2>&1 |
+      grep -v -E '^k3 info' | tail -"${SLICE_TEST_LINES:-25}"
   fi
   echo "== generate K3 slice, $E experts ($(el))"
   rm -rf "$S" && mkdir -p "$S"
@@ -79,7 +81,8 @@ EOF
   if [ -x "$B/bench_slice" ]; then
     echo "== bench_slice ($(el))"
     bs=${SLICE_BENCH_S:-60}
-    timeout "$bs" "$B/bench_slice" -m "$S/k3" -m31 "$S/k31" --jsonl "$out/slice.jsonl" --commit "$commit" \
+    echo "bench env: ${SLICE_BENCH_ENV:-(defaults)}"
+    env ${SLICE_BENCH_ENV:-} timeout "$bs" "$B/bench_slice" -m "$S/k3" -m31 "$S/k31" --jsonl "$out/slice.jsonl" --commit "$commit" \
       --budget-s "$((bs - 5))" ${SLICE_BENCH_ARGS:-} 2>&1
     echo "rc=$? $(el)"
   fi

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# scripts/device/validate.sh: one short device run that checks the defaults chosen in session 4 (two-kernel
+# KDA prefill, KDA decode kernel by batch, MLA decode kernel by size, fused MoE and DSA ops in the GPU model):
+#   1. k3_tests, every GPU test (*Gpu*), with the defaults;
+#   2. bench_kda quick (prefill and decode checks against fp64, then timings) with the defaults;
+#   3. test-ops, the CUDA cases of the MLA decode kernels (both picked by size now);
+#   4. the K3 and K3.1 slices: bench_slice's GPU = CPU checks and decode timings at B = 1 / 64, T = 4K / 128K
+#      with the defaults (K3.1: DSA over ops/mla_sparse.h), then K3's with K3_MLA_FAST=1 (still opt-in).
+# Writes $OUT/validate/run.log and slice.jsonl.
+#   here:   bash scripts/device/validate.sh --pack BUILD   (BUILD/{tests/k3_tests,bench_slice,test-ops,
+#           bench/bench_kda} + the non-CUDA shared libraries + COMMIT -> .carry/dev/validate)
+#   device: bash scripts/device/validate.sh
+set -uo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$here"
+B=$here/.carry/dev/validate
+if [ "${1:-}" = "--pack" ]; then  # runs HERE
+  build=${2:?build dir}
+  rm -rf "$B" && mkdir -p "$B/lib" /tmp/validate_pack && rm -rf /tmp/validate_pack/*
+  for f in tests/k3_tests bench_slice test-ops bench/bench_kda; do
+    cp "$build/$f" /tmp/validate_pack/ && strip -s "/tmp/validate_pack/$(basename "$f")"
+  done
+  ldd /tmp/validate_pack/* 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
+    grep -v -E 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libcuda|libcublas|libcudart|libpthread|libdl|librt' |
+    xargs -r -I{} cp -L {} "$B/lib/"
+  (cd /tmp/validate_pack && tar cJf "$B/bin.tar.xz" .)
+  git rev-parse --short HEAD >"$B/COMMIT"
+  du -sh "$B"
+  exit 0
+fi
+out=${OUT:-/tmp/validate_out}/validate
+mkdir -p "$out"
+(cd "$B" && tar xJf bin.tar.xz)
+export LD_LIBRARY_PATH="$B/lib:${LD_LIBRARY_PATH:-}"
+cuda_libs=$(dirname "$(find /usr/local/cuda*/ -name 'libcublas.so.13*' 2>/dev/null | head -1)" 2>/dev/null)
+export LD_LIBRARY_PATH="${cuda_libs:-/usr/local/cuda/lib64}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+S=/dev/shm/k3val
+trap 'rm -rf "$S"' EXIT
+trap 'rm -rf "$S"; exit 124' TERM INT
+t0=$SECONDS
+el() { echo "t=$((SECONDS - t0)) s"; }
+{
+  echo "commit $(cat "$B/COMMIT" 2>/dev/null)"
+  echo "== k3_tests *Gpu* ($(el))"
+  timeout 60 "$B/k3_tests" --gtest_filter='*Gpu*' 2>&1 | grep -E '^\[ |NMSE|Failure|Expected|actual|assert' |
+    grep -v -E '^\[ RUN|^\[       OK' | tail -40
+  echo "== bench_kda quick, defaults ($(el))"
+  timeout 25 "$B/bench_kda" /dev/null quick 2>&1 | grep -v conv_mismatch
+  for op in mla_decode mla_decode_wgmma moe_route moe_experts dsa_topk; do
+    echo "== test-ops $op (cuda) ($(el))"
+    timeout 15 "$B/test-ops" test -o "$op" -b cuda -v 2>&1 | tail -4
+  done
+  rm -rf "$S" && mkdir -p "$S"
+  echo "== K3 slice ($(el))"
+  timeout 50 python3 scripts/make_k3_slice.py --out "$S/k3" --jobs "$(nproc)" 2>&1 | tail -1
+  timeout 20 python3 scripts/make_k3_slice.py --out "$S/k31" --dsa --like "$S/k3" 2>&1 | tail -1
+  echo "== bench_slice, defaults, K3 and K3.1 ($(el))"
+  timeout 90 "$B/bench_slice" -m "$S/k3" -m31 "$S/k31" --batches 1,64 --contexts 4096,131072 --budget-s 70 \
+    --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)" 2>&1 | grep -E 'NMSE|over|B=|graphs'
+  echo "== bench_slice, K3_MLA_FAST=1, K3 decode ($(el))"
+  K3_MLA_FAST=1 timeout 50 "$B/bench_slice" -m "$S/k3" --no-check --batches 1,64 --contexts 4096,131072 \
+    --budget-s 40 --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)+K3_MLA_FAST" 2>&1 |
+    grep -E 'B=|graphs'
+  echo "== done ($(el))"
+} >"$out/run.log" 2>&1
+tail -c 2500 "$out/run.log"
