@@ -9,7 +9,7 @@
 # Writes $OUT/validate/run.log and slice.jsonl.
 #   here:   bash scripts/device/validate.sh --pack BUILD   (BUILD/{tests/k3_tests,bench_slice,test-ops,
 #           bench/bench_kda} + the non-CUDA shared libraries + COMMIT -> .carry/dev/validate)
-#   device: bash scripts/device/validate.sh
+#   device: bash scripts/device/validate.sh          (STEPS="tests slice31" for a short call)
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$here"
@@ -39,28 +39,47 @@ trap 'rm -rf "$S"' EXIT
 trap 'rm -rf "$S"; exit 124' TERM INT
 t0=$SECONDS
 el() { echo "t=$((SECONDS - t0)) s"; }
+STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests kda ops slice31 slice mla
+on() { [[ " $STEPS " == *" $1 "* ]]; }
 {
-  echo "commit $(cat "$B/COMMIT" 2>/dev/null)"
-  echo "== k3_tests *Gpu* ($(el))"
-  timeout 60 "$B/k3_tests" --gtest_filter='*Gpu*' 2>&1 | grep -E '^\[ |NMSE|Failure|Expected|actual|assert' |
-    grep -v -E '^\[ RUN|^\[       OK' | tail -40
-  echo "== bench_kda quick, defaults ($(el))"
-  timeout 25 "$B/bench_kda" /dev/null quick 2>&1 | grep -v conv_mismatch
-  for op in mla_decode mla_decode_wgmma moe_route moe_experts dsa_topk; do
-    echo "== test-ops $op (cuda) ($(el))"
-    timeout 15 "$B/test-ops" test -o "$op" -b cuda -v 2>&1 | tail -4
-  done
-  rm -rf "$S" && mkdir -p "$S"
-  echo "== K3 slice ($(el))"
-  timeout 50 python3 scripts/make_k3_slice.py --out "$S/k3" --jobs "$(nproc)" 2>&1 | tail -1
-  timeout 20 python3 scripts/make_k3_slice.py --out "$S/k31" --dsa --like "$S/k3" 2>&1 | tail -1
-  echo "== bench_slice, defaults, K3 and K3.1 ($(el))"
-  timeout 90 "$B/bench_slice" -m "$S/k3" -m31 "$S/k31" --batches 1,64 --contexts 4096,131072 --budget-s 70 \
-    --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)" 2>&1 | grep -E 'NMSE|over|B=|graphs'
-  echo "== bench_slice, K3_MLA_FAST=1, K3 decode ($(el))"
-  K3_MLA_FAST=1 timeout 50 "$B/bench_slice" -m "$S/k3" --no-check --batches 1,64 --contexts 4096,131072 \
-    --budget-s 40 --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)+K3_MLA_FAST" 2>&1 |
-    grep -E 'B=|graphs'
+  echo "commit $(cat "$B/COMMIT" 2>/dev/null), steps: ${STEPS}"
+  if on tests; then
+    echo "== k3_tests *Gpu* ($(el))"
+    timeout 60 "$B/k3_tests" --gtest_filter='*Gpu*' 2>&1 | grep -E '^\[ |NMSE|Failure|Expected|actual|assert' |
+      grep -v -E '^\[ RUN|^\[       OK' | tail -40
+  fi
+  if on kda; then
+    echo "== bench_kda quick, defaults ($(el))"
+    timeout 25 "$B/bench_kda" /dev/null quick 2>&1 | grep -v conv_mismatch
+  fi
+  if on ops; then
+    for op in mla_decode mla_decode_wgmma moe_route moe_experts dsa_topk; do
+      echo "== test-ops $op (cuda) ($(el))"
+      timeout 15 "$B/test-ops" test -o "$op" -b cuda -v 2>&1 | tail -4
+    done
+  fi
+  if on slice31 || on slice || on mla; then
+    rm -rf "$S" && mkdir -p "$S"
+    echo "== K3 slice ($(el))"
+    timeout 50 python3 scripts/make_k3_slice.py --out "$S/k3" --jobs "$(nproc)" 2>&1 | tail -1
+    timeout 20 python3 scripts/make_k3_slice.py --out "$S/k31" --dsa --like "$S/k3" 2>&1 | tail -1
+  fi
+  if on slice31; then  # DSA's sparse steps (top-2048 of 4K): ops/mla_sparse.h in the model
+    echo "== bench_slice, defaults, K3.1 decode B=1 T=4K ($(el))"
+    timeout 45 "$B/bench_slice" -m "$S/k31" --no-check --batches 1 --contexts 4096 --budget-s 30 \
+      --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)" 2>&1 | grep -E 'B=|graphs'
+  fi
+  if on slice; then
+    echo "== bench_slice, defaults, K3 and K3.1 ($(el))"
+    timeout 90 "$B/bench_slice" -m "$S/k3" -m31 "$S/k31" --batches 1,64 --contexts 4096,131072 --budget-s 70 \
+      --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)" 2>&1 | grep -E 'NMSE|over|B=|graphs'
+  fi
+  if on mla; then
+    echo "== bench_slice, K3_MLA_FAST=1, K3 decode ($(el))"
+    K3_MLA_FAST=1 timeout 50 "$B/bench_slice" -m "$S/k3" --no-check --batches 1,64 --contexts 4096,131072 \
+      --budget-s 40 --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)+K3_MLA_FAST" 2>&1 |
+      grep -E 'B=|graphs'
+  fi
   echo "== done ($(el))"
 } >"$out/run.log" 2>&1
 tail -c 2500 "$out/run.log"
