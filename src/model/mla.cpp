@@ -122,6 +122,7 @@ void mla_forward(const Ctx& c, const ModelConfig& cfg, const MlaWeights& w, std:
         std::copy_n(qn + m.d_nope, m.d_rope, qa + R);
       }
     }
+    c.rnd(qh.data(), int64_t(qh.size()));  // bf16 mode: q^ in bf16, as the released MLA kernels take it
   }
 
   std::vector<float> z(size_t(n_tok * nh * m.d_v));
