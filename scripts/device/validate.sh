@@ -5,7 +5,7 @@
 #   2. bench_kda quick (prefill and decode checks against fp64, then timings) with the defaults;
 #   3. test-ops, the CUDA cases of the MLA decode kernels (both picked by size now);
 #   4. the K3 and K3.1 slices: bench_slice's GPU = CPU checks and decode timings at B = 1 / 64, T = 4K / 128K
-#      with the defaults (K3.1: DSA over ops/mla_sparse.h), then K3's with K3_MLA_FAST=1 (still opt-in).
+#      with the defaults (K3.1: DSA over ops/mla_sparse.h), then K3's with K3_MLA_FAST=0 (the generic MLA).
 # Writes $OUT/validate/run.log and slice.jsonl.
 #   here:   bash scripts/device/validate.sh --pack BUILD   (BUILD/{tests/k3_tests,bench_slice,test-ops,
 #           bench/bench_kda} + the non-CUDA shared libraries + COMMIT -> .carry/dev/validate)
@@ -75,9 +75,9 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
       --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)" 2>&1 | grep -E 'NMSE|over|B=|graphs'
   fi
   if on mla; then
-    echo "== bench_slice, K3_MLA_FAST=1, K3 decode ($(el))"
-    K3_MLA_FAST=1 timeout 50 "$B/bench_slice" -m "$S/k3" --no-check --batches 1,64 --contexts 4096,131072 \
-      --budget-s 40 --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)+K3_MLA_FAST" 2>&1 |
+    echo "== bench_slice, K3_MLA_FAST=0, K3 decode ($(el))"
+    K3_MLA_FAST=0 timeout 50 "$B/bench_slice" -m "$S/k3" --no-check --batches 1,64 --contexts 4096,131072 \
+      --budget-s 40 --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)+K3_MLA_FAST=0" 2>&1 |
       grep -E 'B=|graphs'
   fi
   echo "== done ($(el))"

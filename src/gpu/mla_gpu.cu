@@ -7,14 +7,15 @@
 //   z *= sigmoid(g_proj x) (output gate);  out = o_proj z.   S_t: causal, or the DSA selection (dsa_gpu.cu)
 // W_UK / W_UV are read from an fp32 copy of kv_b_proj (exact: bf16 -> fp32) with fp32 sums, as the CPU does.
 //
-// Opt-in (K3_MLA_FAST=1 in the environment; the kernels compile but have NOT YET RUN ON A GPU): bf16 mode
-// with the production head dims (kv_lora_rank 512, rope 64; nope 128, v 128), dense causal, runs the
-// tensor-core kernels on bf16 copies of their inputs (every input is bf16-exact or nearly so at this
-// precision; the kernels also round the softmax weights to bf16):
+// Default in bf16 mode since session 4 (K3_MLA_FAST=0 in the environment: the generic kernels) with the
+// production head dims (kv_lora_rank 512, rope 64; nope 128, v 128), dense causal: the tensor-core kernels on
+// bf16 copies of their inputs (all bf16-exact in this mode, q^ included: docs/decisions.md gpu.1; the
+// kernels also round the softmax weights to bf16):
 //   absorbed:   mla_decode_cuda over the sequence's latent rows (one page table for the contiguous cache;
 //               query t of the call is a "sequence" of ctx n_past + t + 1 sharing it);
 //   unabsorbed: mla_prefill_cuda on q, kv_b_proj's [k_nope | v] rows and the latent's rope part.
-// Default, fp32 mode, other dims and DSA-sparse calls: the exact generic attention_cuda.
+// fp32 mode, other dims and K3_MLA_FAST=0: the exact generic attention_cuda; DSA-sparse absorbed calls:
+// ops/mla_sparse.h (sparse_fast below), sparse unabsorbed ones: attention_cuda with the selection.
 // The state holds an fp32 latent cache, so the decode path converts the whole prefix to bf16 every call
 // (6 bytes an element more than the kernel's 2): a bf16 paged cache in the GPU state removes that.
 #include <cmath>
@@ -207,7 +208,7 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
   }
   const float scale = 1.f / std::sqrt(float(dqk));
   const char* fast_env = std::getenv("K3_MLA_FAST");  // read per call: tests switch it
-  const bool fast = c.bf16() && fast_env && fast_env[0] == '1';
+  const bool fast = c.bf16() && !(fast_env && fast_env[0] == '0');
   const bool fast_decode = fast && R == kMlaLatent && dr == kMlaRope;
   const bool fast_prefill = fast && dn == kMlaPrefillNope && dr == kMlaPrefillRope && dv == kMlaPrefillV;
   // DSA's absorbed steps in bf16 mode run ops/mla_sparse.h unless K3_DSA_SPARSE_MLA=0 (the generic kernel)
@@ -262,6 +263,7 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
     float* zs = zh.f() + s.row0 * nh * R;
     absorb_q_kernel<<<blocks_for(s.n_tok * nh * dl), kThreads, 0, c.stream()>>>(
         qs, q.f() + s.row0 * nh * dqk, w.kv_b_f32, s.n_tok, nh, dn, dr, R, wkv);
+    c.rnd(qs, s.n_tok * nh * dl);  // bf16 mode: q^ in bf16 (model/mla.cpp)
     if (fast_decode && !sparse) {
       K3_RETURN_IF_ERROR(decode_fast(c, qs, st.latent, s.n_tok, s.n_past, nh, scale, zs));
     } else if (sparse_mla && sparse) {
