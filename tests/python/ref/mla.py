@@ -85,7 +85,8 @@ def mla_forward(n, cfg, W, x, state: MlaState, absorbed=False, dsa=False, trace=
     kv_b = W("kv_b_proj.weight").reshape(nh, dn + dv, kv)                                 # [nh, dn+dv, kv]
     if absorbed:
         W_UK, W_UV = kv_b[:, :dn, :], kv_b[:, dn:, :]
-        q_lat = np.einsum("thd,hdc->thc", q[:, :, :dn], W_UK)                             # [T, nh, kv]
+        q_lat = n.bf16(np.einsum("thd,hdc->thc", q[:, :, :dn], W_UK))                     # [T, nh, kv]
+        # q^ = [q_lat | q_r] is a bf16 rounding point (docs/decisions.md gpu.1); q_r is bf16 already
         s = (np.einsum("thc,sc->hts", q_lat, state.c) + np.einsum("thr,sr->hts", q[:, :, dn:], state.r)) * scale
         p = softmax(np.where(mask[None], s, -np.inf))
         z = np.einsum("thc,hvc->thv", np.einsum("hts,sc->thc", p, state.c), W_UV)         # [T, nh, dv]
