@@ -6,7 +6,7 @@
 #   3. test-ops, the CUDA cases of the MLA decode kernels (both picked by size now);
 #   4. the K3 and K3.1 slices: bench_slice's GPU = CPU checks and decode timings at B = 1 / 64, T = 4K / 128K
 #      with the defaults (K3.1: DSA over ops/mla_sparse.h), then K3's with K3_MLA_FAST=0 (the generic MLA).
-# Writes $OUT/validate/run.log and slice.jsonl.
+# Writes $OUT/validate/run.log, tests.log (the whole k3_tests output) and slice.jsonl.
 #   here:   bash scripts/device/validate.sh --pack BUILD   (BUILD/{tests/k3_tests,bench_slice,test-ops,
 #           bench/bench_kda} + the non-CUDA shared libraries + COMMIT -> .carry/dev/validate)
 #   device: bash scripts/device/validate.sh          (STEPS="tests slice31" for a short call)
@@ -45,8 +45,8 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
   echo "commit $(cat "$B/COMMIT" 2>/dev/null), steps: ${STEPS}"
   if on tests; then
     echo "== k3_tests *Gpu* ($(el))"
-    timeout 60 "$B/k3_tests" --gtest_filter='*Gpu*' 2>&1 | grep -E '^\[ |NMSE|Failure|Expected|actual|assert' |
-      grep -v -E '^\[ RUN|^\[       OK' | tail -40
+    timeout 60 "$B/k3_tests" --gtest_filter='*Gpu*' >"$out/tests.log" 2>&1
+    grep -E '^\[  (PASSED|FAILED) |^\[  FAILED  \]|Failure|actual|assert' "$out/tests.log" | tail -30  # all: tests.log
   fi
   if on kda; then
     echo "== bench_kda quick, defaults ($(el))"

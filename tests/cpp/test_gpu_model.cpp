@@ -6,7 +6,7 @@
 //   bf16: every named intermediate of every layer, NMSE <= 1e-4 against the CPU at the same rounding points,
 //         each layer fed the CPU's input (set_layer_inputs); end to end, logits NMSE <= 5e-2 (tiny-k3-mla runs
 //         the tensor-core MLA kernels, the bf16 default; the same with K3_MLA_FAST=0, the generic kernels;
-//         and with a top-8 DSA indexer, ops/mla_sparse.h)
+//         and with a top-8 DSA indexer, generic and on ops/mla_sparse.h)
 //   k3-tiny (when present): perplexity over a few windows within 0.5% of the CPU's
 // Without a CUDA device (or a CUDA build) every GPU test skips; load() must then say why.
 #include <gtest/gtest.h>
@@ -242,12 +242,28 @@ TEST(PatchedCheckpoint, MlaDsaTop8DrawsOnlyIndexerTensors) {
 }
 
 // bf16, layer by layer: a 23-token prefill (sparse, unabsorbed: the generic kernel) and three decode steps
-// (sparse, absorbed: ops/mla_sparse.h) against the CPU.
-TEST(GpuModel, Bf16DsaSparseMlaMatchesCpu) {
-  SKIP_WITHOUT_GPU();
+// (sparse, absorbed) against the CPU, with the default generic attention over the selection and with
+// ops/mla_sparse.h (K3_DSA_SPARSE_MLA=1). Their first GPU run (session 4) ran both as one test, which failed
+// with its numbers lost: the two halves say which path misses.
+void expect_dsa_layers_match_cpu(const char* sparse_op) {
+  struct EnvGuard {
+    explicit EnvGuard(const char* v) { setenv("K3_DSA_SPARSE_MLA", v, 1); }
+    ~EnvGuard() { unsetenv("K3_DSA_SPARSE_MLA"); }
+  } env(sparse_op);
   auto ck = mla_dsa_top8();
   ASSERT_TRUE(ck);
-  ASSERT_NO_FATAL_FAILURE(testutil::expect_bf16_layers_match_cpu(*ck, {23, 1, 1, 1}, 19, "tiny-k3-mla DSA top-8"));
+  ASSERT_NO_FATAL_FAILURE(testutil::expect_bf16_layers_match_cpu(
+      *ck, {23, 1, 1, 1}, 19, std::string("tiny-k3-mla DSA top-8, K3_DSA_SPARSE_MLA=") + sparse_op));
+}
+
+TEST(GpuModel, Bf16DsaGenericMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_dsa_layers_match_cpu("0");
+}
+
+TEST(GpuModel, Bf16DsaSparseMlaOpMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_dsa_layers_match_cpu("1");
 }
 
 // -log softmax(z)[id] in double.
