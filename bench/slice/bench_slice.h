@@ -6,9 +6,12 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include <unistd.h>  // environ
 
 namespace slice {
 
@@ -43,22 +46,38 @@ struct Args {
   bool check = true, decode = true;
 };
 
+// The engine switches set in the environment (K3_*=...), space-separated, quotes and backslashes dropped:
+// they pick kernels and paths, so every JSON line records them.
+inline std::string k3_switches() {
+  std::string s;
+  for (char** e = environ; *e; ++e) {
+    if (std::strncmp(*e, "K3_", 3) != 0) continue;
+    if (!s.empty()) s += ' ';
+    for (const char* c = *e; *c; ++c)
+      if (*c != '"' && *c != '\\') s += *c;
+  }
+  return s;
+}
+
 struct Out {
   const Args& a;
   std::string machine;
+  std::string switches = k3_switches();
   // One JSON line (stdout and --jsonl): metric "<model> <what>"; ratio = value / peer_value when given;
-  // met = ratio (value itself without a peer) <= goal (lower_better) or >= goal.
+  // met = ratio (value itself without a peer) <= goal (lower_better) or >= goal; switches = k3_switches().
   void line(const std::string& model, const std::string& metric, double value, const char* unit,
             const char* peer = nullptr, double peer_value = 0, double goal = 0, bool lower_better = true) {
-    char buf[768];
+    char buf[1536];
     const double ratio = peer_value > 0 ? value / peer_value : 0;
     const double r = peer_value > 0 ? ratio : value;
     const bool met = goal > 0 && (lower_better ? r <= goal : r >= goal);
     std::snprintf(buf, sizeof buf,
                   "{\"bench\":\"slice\",\"commit\":\"%s\",\"machine\":\"%s\",\"metric\":\"%s %s\",\"value\":%.6g,"
-                  "\"unit\":\"%s\",\"peer\":%s%s%s,\"peer_value\":%.6g,\"ratio\":%.4g,\"goal\":%.4g,\"met\":%s}",
+                  "\"unit\":\"%s\",\"peer\":%s%s%s,\"peer_value\":%.6g,\"ratio\":%.4g,\"goal\":%.4g,\"met\":%s,"
+                  "\"switches\":\"%s\"}",
                   a.commit.c_str(), machine.c_str(), model.c_str(), metric.c_str(), value, unit, peer ? "\"" : "",
-                  peer ? peer : "null", peer ? "\"" : "", peer_value, ratio, goal, goal > 0 && met ? "true" : "false");
+                  peer ? peer : "null", peer ? "\"" : "", peer_value, ratio, goal, goal > 0 && met ? "true" : "false",
+                  switches.c_str());
     std::printf("%s\n", buf);
     if (!a.jsonl.empty()) std::ofstream(a.jsonl, std::ios::app) << buf << "\n";
   }
