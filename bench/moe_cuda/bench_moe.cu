@@ -291,8 +291,8 @@ int main(int argc, char** argv) {
       const bool goal = nt == 1 && v == 0;
       const std::string tag = "decode_b" + std::to_string(nt) + (v ? "_v" + std::to_string(v) : "");
       // ratio of the _us line = time / byte floor; the _floor_over_time line is its inverse (no peer)
-      emit_met(tag + "_us", ms * 1e3, "us", "byte floor us", floor_us, goal ? "time <= 1.3x byte floor" : nullptr,
-               ms * 1e3 <= 1.3 * floor_us);
+      emit_met(tag + "_us", ms * 1e3, "us", "byte floor us", floor_us,
+               goal ? "time <= 1.3x byte floor" : nullptr, ms * 1e3 <= 1.3 * floor_us);
       emit(tag + "_floor_over_time", floor_us / (ms * 1e3), "ratio");
       std::printf("  %s: %zu experts, %.1f MB, %.1f us (floor %.1f us at copy %.0f GB/s)\n", tag.c_str(), uniq.size(),
                   bytes * 1e-6, ms * 1e3, floor_us, copy);

@@ -71,13 +71,14 @@ struct Out {
     const double ratio = peer_value > 0 ? value / peer_value : 0;
     const double r = peer_value > 0 ? ratio : value;
     const bool met = goal > 0 && (lower_better ? r <= goal : r >= goal);
-    std::snprintf(buf, sizeof buf,
-                  "{\"bench\":\"slice\",\"commit\":\"%s\",\"machine\":\"%s\",\"metric\":\"%s %s\",\"value\":%.6g,"
-                  "\"unit\":\"%s\",\"peer\":%s%s%s,\"peer_value\":%.6g,\"ratio\":%.4g,\"goal\":%.4g,\"met\":%s,"
-                  "\"switches\":\"%s\"}",
-                  a.commit.c_str(), machine.c_str(), model.c_str(), metric.c_str(), value, unit, peer ? "\"" : "",
-                  peer ? peer : "null", peer ? "\"" : "", peer_value, ratio, goal, goal > 0 && met ? "true" : "false",
-                  switches.c_str());
+    std::snprintf(
+        buf, sizeof buf,
+        "{\"bench\":\"slice\",\"commit\":\"%s\",\"machine\":\"%s\",\"metric\":\"%s %s\",\"value\":%.6g,"
+        "\"unit\":\"%s\",\"peer\":%s%s%s,\"peer_value\":%.6g,\"ratio\":%.4g,\"goal\":%.4g,\"met\":%s,"
+        "\"switches\":\"%s\"}",
+        a.commit.c_str(), machine.c_str(), model.c_str(), metric.c_str(), value, unit, peer ? "\"" : "",
+        peer ? peer : "null", peer ? "\"" : "", peer_value, ratio, goal, goal > 0 && met ? "true" : "false",
+        switches.c_str());
     std::printf("%s\n", buf);
     if (!a.jsonl.empty()) std::ofstream(a.jsonl, std::ios::app) << buf << "\n";
   }

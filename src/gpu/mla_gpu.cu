@@ -140,12 +140,14 @@ Status sparse_fast(const GpuCtx& c, const float* qs, const float* latent, const 
   MlaSparseParams p;
   p.n_q = int(n_tok), p.n_head = nh, p.topk = int(topk), p.sel = sel;
   p.page_size = P, p.max_pages = n_pages, p.n_pages = n_pages, p.block_table = table.as<int32_t>();
-  p.shared_table = true, p.cache = lat16.as<uint16_t>(), p.q = q16.as<uint16_t>(), p.scale = scale, p.out = zs;
+  p.shared_table = true, p.cache = lat16.as<uint16_t>(), p.q = q16.as<uint16_t>();
+  p.scale = scale, p.out = zs;
   K3_RETURN_IF_ERROR(mla_sparse_check(p));
   K3_RETURN_IF_ERROR(scratch.alloc_bytes(c, mla_sparse_scratch_bytes(p.n_q, p.topk)));
   p.scratch = scratch.as<void>();
   MlaDecodeParams d;  // the decode call mla_sparse_cuda makes over the gathered rows, for its partials
-  d.n_seq = p.n_q, d.n_head = nh, d.page_size = p.topk, d.max_pages = 1, d.n_pages = p.n_q, d.max_ctx = p.topk;
+  d.n_seq = p.n_q, d.n_head = nh, d.page_size = p.topk, d.max_pages = 1, d.n_pages = p.n_q;
+  d.max_ctx = p.topk;
   GpuContext g = *c.g;
   g.workspace_bytes = mla_decode_workspace_bytes(d, 0);
   K3_RETURN_IF_ERROR(ws.alloc_bytes(c, g.workspace_bytes));
@@ -211,9 +213,9 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
   const bool fast = c.bf16() && !(fast_env && fast_env[0] == '0');
   const bool fast_decode = fast && R == kMlaLatent && dr == kMlaRope;
   const bool fast_prefill = fast && dn == kMlaPrefillNope && dr == kMlaPrefillRope && dv == kMlaPrefillV;
-  // Opt-in (K3_DSA_SPARSE_MLA=1, read per call): DSA's absorbed steps in bf16 mode on ops/mla_sparse.h. On the
-  // H200 it made the K3.1 slice's DSA layer 6.8x faster at B = 1, but its GPU test failed in the one run it got
-  // (session 4; details lost); the default stays the generic attention over the selection.
+  // Opt-in (K3_DSA_SPARSE_MLA=1, read per call): DSA's absorbed steps in bf16 mode on ops/mla_sparse.h. On
+  // the H200 it made the K3.1 slice's DSA layer 6.8x faster at B = 1, but its GPU test failed in the one run
+  // it got (session 4; details lost); the default stays the generic attention over the selection.
   const char* sparse_env = std::getenv("K3_DSA_SPARSE_MLA");
   const bool sparse_mla = sparse_env && sparse_env[0] == '1' && c.bf16() && R == kMlaLatent && dr == kMlaRope;
   for (const MlaSeqGpu& s : seqs) {
@@ -266,8 +268,8 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
     if (fast_decode && !sparse) {
       K3_RETURN_IF_ERROR(decode_fast(c, qs, st.latent, s.n_tok, s.n_past, nh, scale, zs));
     } else if (sparse_mla && sparse) {
-      K3_RETURN_IF_ERROR(sparse_fast(c, qs, st.latent, sel.as<int32_t>(), s.n_tok, s.n_past, nh, cfg.dsa.topk,
-                                     scale, zs));
+      K3_RETURN_IF_ERROR(
+          sparse_fast(c, qs, st.latent, sel.as<int32_t>(), s.n_tok, s.n_past, nh, cfg.dsa.topk, scale, zs));
     } else {
       p.d_qk = dl, p.d_v = R;
       p.q = qs, p.q_tok_stride = int64_t(nh) * dl, p.q_head_stride = dl;

@@ -14,8 +14,8 @@
 //                                                           MXFP4 tensor-core kernels, slot-order sum
 // First GPU version (K3_MOE_FAST=0), fp32 mode and bf16 experts (KL): routing on the device (one thread per
 // token, k passes of an argmax below the previous pick); the dispatch reads the selection on the host (one
-// sync per MoE layer), groups the (token, slot) rows by expert, runs each expert's GLU on its contiguous rows and
-// scatters the results back to (token, slot) rows; the weighted sum then runs per token in slot order.
+// sync per MoE layer), groups the (token, slot) rows by expert, runs each expert's GLU on its contiguous rows
+// and scatters the results back to (token, slot) rows; the weighted sum then runs per token in slot order.
 #include <algorithm>
 #include <vector>
 

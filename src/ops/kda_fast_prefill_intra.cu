@@ -2,10 +2,11 @@
 // the default; checked and timed on the H200 in session 4), one CTA
 // (8 warps) per (chunk, head), all chunks in parallel. Writes the chunk's scratch (layout in
 // kda_fast_prefill.cuh): Qe, -W, Kd^T, A, T as fp16 MMA fragments, exp(G_C).
-//   G = cumsum g (in-chunk);  A[i,j] = q_i.k_j exp(G_i - G_j) (j <= i);  L[i,j] = beta_i k_i.k_j exp(G_i - G_j)
-//   (j < i), one 16-row block a at a time against reference R_a = G_{16a}: rows x_i exp(G_i - R_a) in
-//   [e^-75, 1] (K3's gate bound g >= -5), columns k_j exp(R_a - G_j) <= e^75 in block a and <= 1 before it
-//   (an underflow there is a product below e^-87); T = (I + L)^-1 by 16x16 blocks;
+//   G = cumsum g (in-chunk);  A[i,j] = q_i.k_j exp(G_i - G_j) (j <= i);
+//   L[i,j] = beta_i k_i.k_j exp(G_i - G_j) (j < i), one 16-row block a at a time against reference
+//   R_a = G_{16a}: rows x_i exp(G_i - R_a) in [e^-75, 1] (K3's gate bound g >= -5), columns
+//   k_j exp(R_a - G_j) <= e^75 in block a and <= 1 before it (an underflow there is a product below e^-87);
+//   T = (I + L)^-1 by 16x16 blocks;
 //   W = T (beta exp(G) k),  Qe = exp(G) q,  Kd = exp(G_C - G) k.
 // All products: mma.sync m16n8k8 tf32, fp32 accumulate.
 #include <cuda_bf16.h>

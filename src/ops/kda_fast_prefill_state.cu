@@ -1,9 +1,9 @@
-// kda_fast_prefill_state.cu: the state-dependent half of the two-kernel chunkwise KDA prefill (kda_fast.h) and
-// the entry point kda_prefill_fast_cuda: the two-kernel version by default (checked and timed on the H200 in
-// session 4), the one-kernel one (kda_fast_prefill.cu) with K3_KDA_PREFILL_SPLIT=0.
-// One CTA (8 warps) per (slice of VB value columns, head, sequence) walks
-// the sequence's chunks in order with its fp32 state slice S [128, VB] in registers (warp w: rows 16w..16w+15)
-// and a tf32 copy in shared memory (the B operand). Per chunk, from the scratch of kda_fast_prefill_intra.cu:
+// kda_fast_prefill_state.cu: the state-dependent half of the two-kernel chunkwise KDA prefill (kda_fast.h)
+// and the entry point kda_prefill_fast_cuda: the two-kernel version by default (checked and timed on the H200
+// in session 4), the one-kernel one (kda_fast_prefill.cu) with K3_KDA_PREFILL_SPLIT=0. One CTA (8 warps) per
+// (slice of VB value columns, head, sequence) walks the sequence's chunks in order with its fp32 state slice
+// S [128, VB] in registers (warp w: rows 16w..16w+15) and a tf32 copy in shared memory (the B operand). Per
+// chunk, from the scratch of kda_fast_prefill_intra.cu:
 //   1. V' = T (beta V) + (-W) S  (warps 0-3, rows 16w..)     O = Qe S  (warps 4-7)
 //   2. O += A V'; o = bf16(O)  (warps 4-7)          S <- diag(exp(G_C)) S + Kd^T V'  (all warps)
 // The value columns are independent in the recurrence, so the slices need no communication.

@@ -11,11 +11,11 @@
 //           CUBLAS_COMPUTE_32F_PEDANTIC (no TF32 unless g.allow_tf32: then _FAST_TF32).
 //       Tiles live in g.workspace: the bf16 x copy takes at most half; W is decoded in row tiles that fit
 //       the rest, so no full decoded copy is ever made.
-#include <cstdio>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "ops/cuda_util.cuh"
 #include "ops/linear.h"

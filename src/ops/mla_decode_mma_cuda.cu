@@ -1,6 +1,6 @@
 // mla_decode_mma_cuda.cu: absorbed MLA decode, the mma.sync split kernel (contract: mla_decode.h; split plan
 // and partials: mla_decode_cuda.cuh). The portable tensor-core path (any sm_80+), kept as the cross-check of
-// the Hopper kernel (mla_decode_wgmma_cuda.cu); mla_decode_cuda runs it for small steps (under 16K cache rows).
+// the Hopper kernel (mla_decode_wgmma_cuda.cu); mla_decode_cuda runs it for steps under 16K cache rows.
 //
 // mla_split_mma: 32 heads (two m16 tiles) per CTA, 8 warps, 64-token tiles double-buffered by cp.async.
 //   S = Q (32 x 576) K^T (576 x 64): warp w -> head tile w/4, tokens 16 (w%4) .. +16, mma m16n8k16 bf16.

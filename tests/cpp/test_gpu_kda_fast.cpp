@@ -51,9 +51,10 @@ TEST(WideKdaCheckpoint, OnlyKdaTensorsAreNewAndCpuRuns) {
     ASSERT_TRUE(ck);
     ASSERT_FALSE(ck->fresh_.empty()) << name;
     for (const std::string& n : ck->fresh_) {
-      for (int64_t d : ck->find(n)->shape) EXPECT_GT(d, 0) << name << ": " << n << " drawn with an empty dimension";
-      const bool kda = n.find(".self_attn.") != std::string::npos &&
-                       ck->config().layer_attn[size_t(std::stoi(n.substr(n.find("layers.") + 7)))] == AttnKind::kda;
+      for (int64_t d : ck->find(n)->shape) EXPECT_GT(d, 0) << name << ": " << n << " has an empty dimension";
+      const size_t layer = size_t(std::stoi(n.substr(n.find("layers.") + 7)));
+      const bool kda =
+          n.find(".self_attn.") != std::string::npos && ck->config().layer_attn[layer] == AttnKind::kda;
       EXPECT_TRUE(kda) << name << ": " << n << " was drawn afresh but is not a KDA tensor";
     }
     ModelOptions opt;
