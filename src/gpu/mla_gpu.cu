@@ -91,6 +91,16 @@ __global__ void decode_table_kernel(int32_t* ctx_len, int32_t* table, int64_t n_
   if (i < n_tok * n_pages) table[i] = int32_t(i % n_pages);
 }
 
+// *g = the context's GpuContext with a workspace of its own in ws, sized for mla_decode_cuda on d's shapes
+// (the split-KV partials of the tensor-core decode kernels).
+Status decode_context(const GpuCtx& c, const MlaDecodeParams& d, DevBuf* ws, GpuContext* g) {
+  *g = *c.g;
+  g->workspace_bytes = mla_decode_workspace_bytes(d, 0);
+  K3_RETURN_IF_ERROR(ws->alloc_bytes(c, g->workspace_bytes));
+  g->workspace = ws->f();
+  return ok_status();
+}
+
 Status to_bf16(const GpuCtx& c, const float* x, int64_t n, DevBuf* y) {
   K3_RETURN_IF_ERROR(y->alloc_bytes(c, size_t(n) * 2));
   to_bf16_kernel<<<blocks_for(n), kThreads, 0, c.stream()>>>(y->as<uint16_t>(), x, n);
@@ -115,10 +125,8 @@ Status decode_fast(const GpuCtx& c, const float* qs, const float* latent, int64_
   p.max_ctx = int(n_ctx), p.ctx_len = lens.as<int32_t>(), p.block_table = table.as<int32_t>();
   p.cache = lat16.as<uint16_t>(), p.q = q16.as<uint16_t>(), p.scale = scale, p.out = zs;
   K3_RETURN_IF_ERROR(mla_decode_check(p));
-  GpuContext g = *c.g;  // the partials go to a scratch buffer of their own
-  g.workspace_bytes = mla_decode_workspace_bytes(p, 0);
-  K3_RETURN_IF_ERROR(ws.alloc_bytes(c, g.workspace_bytes));
-  g.workspace = ws.f();
+  GpuContext g;
+  K3_RETURN_IF_ERROR(decode_context(c, p, &ws, &g));
   mla_decode_cuda(p, g);
   return ok_status();
 }
@@ -148,10 +156,8 @@ Status sparse_fast(const GpuCtx& c, const float* qs, const float* latent, const 
   MlaDecodeParams d;  // the decode call mla_sparse_cuda makes over the gathered rows, for its partials
   d.n_seq = p.n_q, d.n_head = nh, d.page_size = p.topk, d.max_pages = 1, d.n_pages = p.n_q;
   d.max_ctx = p.topk;
-  GpuContext g = *c.g;
-  g.workspace_bytes = mla_decode_workspace_bytes(d, 0);
-  K3_RETURN_IF_ERROR(ws.alloc_bytes(c, g.workspace_bytes));
-  g.workspace = ws.f();
+  GpuContext g;
+  K3_RETURN_IF_ERROR(decode_context(c, d, &ws, &g));
   mla_sparse_cuda(p, g);
   return ok_status();
 }

@@ -1,6 +1,6 @@
-// gpu_test_util.h: what the GPU model tests share: the skip without a device, a token-by-chunk GPU run and the
-// layer-by-layer bf16 comparison against the CPU. The GPU model's header has no CUDA headers, so this builds
-// (and the tests skip) without CUDA.
+// gpu_test_util.h: what the GPU model tests share: the skip without a device, a switch set for one test, a
+// token-by-chunk GPU run and the layer-by-layer bf16 comparison against the CPU. The GPU model's header has
+// no CUDA headers, so this builds (and the tests skip) without CUDA.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,9 +8,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +27,22 @@
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (or built without CUDA)"
 
 namespace k3::testutil {
+
+// An environment switch (K3_MLA_FAST=0, ...) set for the guard's scope; the previous value comes back after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() { old_ ? setenv(name_, old_->c_str(), 1) : unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 
 // Logits of every position of tok on a fresh GPU state, fed in calls of `step` tokens (0: one call).
 inline std::vector<float> run_gpu(gpu::GpuModel& m, const std::vector<int32_t>& tok, int64_t step) {

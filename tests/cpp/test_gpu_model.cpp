@@ -205,10 +205,7 @@ INSTANTIATE_TEST_SUITE_P(Families, GpuModelTiny,
 // GpuModelTiny's tiny-k3-mla cases), layer by layer as above.
 TEST(GpuModel, Bf16GenericMlaKernelsMatchCpu) {
   SKIP_WITHOUT_GPU();
-  struct EnvGuard {
-    EnvGuard() { setenv("K3_MLA_FAST", "0", 1); }
-    ~EnvGuard() { unsetenv("K3_MLA_FAST"); }
-  } env;
+  const testutil::ScopedEnv env("K3_MLA_FAST", "0");
   auto ck = open_model("tiny-k3-mla");
   ASSERT_TRUE(ck);
   ASSERT_NO_FATAL_FAILURE(testutil::expect_bf16_layers_match_cpu(*ck, {23, 1}, 17, "tiny-k3-mla K3_MLA_FAST=0"));
@@ -246,10 +243,7 @@ TEST(PatchedCheckpoint, MlaDsaTop8DrawsOnlyIndexerTensors) {
 // ops/mla_sparse.h (K3_DSA_SPARSE_MLA=1). Their first GPU run (session 4) ran both as one test, which failed
 // with its numbers lost: the two halves say which path misses.
 void expect_dsa_layers_match_cpu(const char* sparse_op) {
-  struct EnvGuard {
-    explicit EnvGuard(const char* v) { setenv("K3_DSA_SPARSE_MLA", v, 1); }
-    ~EnvGuard() { unsetenv("K3_DSA_SPARSE_MLA"); }
-  } env(sparse_op);
+  const testutil::ScopedEnv env("K3_DSA_SPARSE_MLA", sparse_op);
   auto ck = mla_dsa_top8();
   ASSERT_TRUE(ck);
   ASSERT_NO_FATAL_FAILURE(testutil::expect_bf16_layers_match_cpu(
