@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# scripts/device/probe.sh: timings and Nsight Compute counters of the decode kernels under work (session 5):
+#   1. bench_moe decode (K3 shapes: checks vs the fp64 reference, then b = 1 / 8 / 64 timings);
+#   2. ncu on the K3 decode check's launches of bench_moe (n_tok = 1: bf16 cast, sort, gate/up, down, combine);
+#   3. ncu on bench_kda decode: one b = 1 timing launch and one b = 64 launch (the TMA kernel).
+# PROBE="moe ncu_moe ncu_kda" picks steps. Writes $OUT/probe/run.log, moe_cuda.jsonl.
+#   here:   bash scripts/device/probe.sh --pack BUILD_BENCH_DIR   (bench_moe, bench_kda -> .carry/dev/probe)
+#   device: bash scripts/device/probe.sh
+set -uo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$here"
+B=$here/.carry/dev/probe
+if [ "${1:-}" = "--pack" ]; then  # runs HERE
+  build=${2:?bench build dir}
+  rm -rf "$B" && mkdir -p "$B"
+  for f in bench_moe bench_kda; do cp "$build/$f" "$B/" && strip -s "$B/$f"; done
+  (cd "$B" && tar cJf bin.tar.xz bench_moe bench_kda && rm -f bench_moe bench_kda)
+  git rev-parse --short HEAD >"$B/COMMIT"
+  du -sh "$B"
+  exit 0
+fi
+out=${OUT:-/tmp/probe_out}/probe
+mkdir -p "$out"
+(cd "$B" && tar xJf bin.tar.xz)
+cuda_libs=$(dirname "$(find /usr/local/cuda*/ -name 'libcublas.so.13*' 2>/dev/null | head -1)" 2>/dev/null)
+export LD_LIBRARY_PATH="${cuda_libs:-/usr/local/cuda/lib64}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+t0=$SECONDS
+el() { echo "t=$((SECONDS - t0)) s"; }
+PROBE=${PROBE:-moe ncu_moe ncu_kda}
+on() { [[ " $PROBE " == *" $1 "* ]]; }
+sections="--section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis
+  --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis"
+commit=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
+{
+  echo "commit $commit, steps: $PROBE"
+  if on moe; then
+    echo "== bench_moe decode ($(el))"
+    timeout 60 "$B/bench_moe" "$out/moe_cuda.jsonl" "$commit" decode 2>&1
+  fi
+  if on ncu_moe && command -v ncu >/dev/null; then
+    echo "== ncu bench_moe decode, first 5 launches ($(el))"
+    timeout 90 ncu --clock-control none -c 5 $sections "$B/bench_moe" /dev/null x decode 2>&1 |
+      grep -v -E '^==PROF==|^check|^  decode' | cut -c1-170
+  fi
+  if on ncu_kda && command -v ncu >/dev/null; then
+    echo "== ncu bench_kda decode: b = 1 timing launch, b = 64 TMA launch ($(el))"
+    timeout 60 ncu --clock-control none -k regex:kda_decode -s 3 -c 1 $sections "$B/bench_kda" /dev/null decode 2>&1 |
+      grep -v -E '^==PROF==' | cut -c1-170 | grep -v "^decode\|^check"
+    timeout 60 ncu --clock-control none -k regex:kda_decode -s 1 -c 1 $sections "$B/bench_kda" /dev/null decode 2>&1 |
+      grep -v -E '^==PROF==' | cut -c1-170 | grep -v "^decode\|^check"
+  fi
+  echo "== done ($(el))"
+} >"$out/run.log" 2>&1
+tail -c 3000 "$out/run.log"
