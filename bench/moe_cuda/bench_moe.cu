@@ -33,7 +33,8 @@
 using namespace k3;
 
 namespace k3 {  // moe_experts_cuda.cu, built with -DK3_MOE_VARIANTS: 0 default, 1 replicated table,
-                // 2 prefill BT 32, 3 prefill BT 80, 4 prefill BT 80 + replicated table
+                // 2 prefill BT 32, 3 prefill BT 80, 4 prefill BT 80 + replicated table, 5 decode on the
+                // tensor-core tile kernel (the decode default before session 5)
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 }
 
@@ -258,7 +259,7 @@ int main(int argc, char** argv) {
   if (all) {  // small odd shapes, both paths
     Experts ex;
     ex.make(23, 96, 160, 11);
-    for (int v = 0; v < 5; ++v)
+    for (int v = 0; v < 6; ++v)
       for (MoePath path : {MoePath::decode, MoePath::prefill}) {
         check("small", ex, 1, 3, path, 1, 1, g, v);
         check("small", ex, 7, 5, path, 2, 7, g, v);
@@ -291,7 +292,7 @@ int main(int argc, char** argv) {
     std::set<int32_t> uniq(r.sel.begin(), r.sel.end());
     const double bytes = double(uniq.size()) * ex.bytes_per_expert();
     const double floor_us = bytes / (copy * 1e9) * 1e6;
-    for (int v : {0, 1}) {
+    for (int v : {0, 1, 5}) {
       const double ms = median_ms(st, [&] { moe_experts_cuda_variant(run.p, g, v); });
       const bool goal = nt == 1 && v == 0;
       const std::string tag = "decode_b" + std::to_string(nt) + (v ? "_v" + std::to_string(v) : "");

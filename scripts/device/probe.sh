@@ -2,8 +2,9 @@
 # scripts/device/probe.sh: timings and Nsight Compute counters of the decode kernels under work (session 5):
 #   1. bench_moe decode (K3 shapes: checks vs the fp64 reference, then b = 1 / 8 / 64 timings);
 #   2. ncu on the K3 decode check's launches of bench_moe (n_tok = 1: bf16 cast, sort, gate/up, down, combine);
-#   3. ncu on bench_kda decode: one b = 1 timing launch and one b = 64 launch (the TMA kernel).
-# PROBE="moe ncu_moe ncu_kda" picks steps. Writes $OUT/probe/run.log, moe_cuda.jsonl.
+#   3. ncu on bench_kda decode: one b = 1 timing launch and one b = 64 launch (the TMA kernel);
+#   4. kda: bench_kda decode (checks vs fp64, then b = 1 / 64 timings, twice).
+# PROBE="moe ncu_moe ncu_kda kda" picks steps (default: the first three). Writes $OUT/probe/run.log, moe_cuda.jsonl.
 #   here:   bash scripts/device/probe.sh --pack BUILD_BENCH_DIR   (bench_moe, bench_kda -> .carry/dev/probe)
 #   device: bash scripts/device/probe.sh
 set -uo pipefail
@@ -48,6 +49,10 @@ commit=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
       grep -v -E '^==PROF==' | cut -c1-170 | grep -v "^decode\|^check"
     timeout 60 ncu --clock-control none -k regex:kda_decode -s 1 -c 1 $sections "$B/bench_kda" /dev/null decode 2>&1 |
       grep -v -E '^==PROF==' | cut -c1-170 | grep -v "^decode\|^check"
+  fi
+  if on kda; then
+    echo "== bench_kda decode ($(el))"
+    timeout 40 "$B/bench_kda" "$out/kda_cuda.json" decode 2>&1 | grep -v conv_mismatch
   fi
   echo "== done ($(el))"
 } >"$out/run.log" 2>&1

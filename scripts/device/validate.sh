@@ -53,7 +53,7 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
     timeout 25 "$B/bench_kda" /dev/null quick 2>&1 | grep -v conv_mismatch
   fi
   if on ops; then
-    for op in mla_decode mla_decode_wgmma moe_route moe_experts dsa_topk; do
+    for op in ${OPS:-mla_decode mla_decode_wgmma moe_route moe_experts dsa_topk}; do
       echo "== test-ops $op (cuda) ($(el))"
       timeout 15 "$B/test-ops" test -o "$op" -b cuda -v 2>&1 | tail -4
     done

@@ -52,32 +52,58 @@ __global__ void __launch_bounds__(NT, KDA_DECODE_MIN_BLOCKS) kda_decode_kernel(c
   __shared__ __align__(16) float red[2][NW][DV];  // per-warp partial sums: S^T k, then S^T q
   __shared__ float scal[4];                       // |q|^-1, |k|^-1, beta, rms
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int H = p.n_head, HK = H * DK, slot = p.slot[b];
+  const int H = p.n_head, HK = H * DK;
+  // Every input is loaded up front, before the first store (the window roll) and before the slot is known, so
+  // the loads overlap in one round of memory latency instead of one round per phase (session 5: at b = 1 the
+  // step is latency-bound, DRAM at 17% of peak). Conv items: e = tid and tid + NT (e < 3 * DK), e = m * DK + c.
+  constexpr int NE = (3 * DK + NT - 1) / NT;
+  float4 cw[NE];
+  uint16_t cur[NE];
+#pragma unroll
+  for (int r = 0; r < NE; ++r) {
+    const int e = tid + NT * r, m = e / DK, ch = h * DK + e % DK;
+    if (e < 3 * DK) {
+      cw[r] = reinterpret_cast<const float4*>(p.conv_w)[size_t(m) * HK + ch];
+      cur[r] = p.qkv[(size_t(b) * 3 + m) * HK + ch];
+    }
+  }
+  float A = 0.f, z = 0.f, gt = 0.f, onw = 0.f, blog = 0.f;
+  if (tid < DK) {
+    A = __expf(p.A_log[h]);
+    z = bf16f(p.f[size_t(b) * HK + h * DK + tid]) + p.dt_bias[h * DK + tid];
+    gt = bf16f(p.gate[size_t(b) * H * DV + h * DV + tid]);
+    onw = p.o_norm[tid];
+  }
+  if (tid == 2 * 32) blog = bf16f(p.b[size_t(b) * H + h]);
+  const int slot = p.slot[b];
   float4* Sg = reinterpret_cast<float4*>(p.S + (size_t(slot) * H + h) * DK * DV);
   float4 s[ROWS];
 #pragma unroll
   for (int i = 0; i < ROWS; ++i) s[i] = Sg[(warp * ROWS + i) * (DV / 4) + lane];
+  uint16_t win[NE][3];
+#pragma unroll
+  for (int r = 0; r < NE; ++r) {
+    const int e = tid + NT * r, m = e / DK, ch = h * DK + e % DK;
+    if (e < 3 * DK) {
+      const uint16_t* w = p.conv + (size_t(slot) * 9 + m * 3) * HK + ch;
+      win[r][0] = w[0], win[r][1] = w[HK], win[r][2] = w[2 * HK];
+    }
+  }
 
   // Short conv (width 4) over the window [x_{t-3}, x_{t-2}, x_{t-1}] and x_t, SiLU, bf16; roll the window.
-  for (int e = tid; e < 3 * DK; e += NT) {
-    const int m = e / DK, c = e % DK, ch = h * DK + c;
-    const float4 w = reinterpret_cast<const float4*>(p.conv_w)[size_t(m) * HK + ch];
-    uint16_t* win = p.conv + (size_t(slot) * 9 + m * 3) * HK + ch;
-    const uint16_t cur = p.qkv[(size_t(b) * 3 + m) * HK + ch];
-    const uint16_t w0 = win[0], w1 = win[HK], w2 = win[2 * HK];
-    float y = w.x * bf16f(w0) + w.y * bf16f(w1) + w.z * bf16f(w2) + w.w * bf16f(cur);
-    y = y / (1.f + __expf(-y));
-    x[m][c] = round_bf16(y);
-    win[0] = w1;
-    win[HK] = w2;
-    win[2 * HK] = cur;
+#pragma unroll
+  for (int r = 0; r < NE; ++r) {
+    const int e = tid + NT * r, m = e / DK, c = e % DK;
+    if (e < 3 * DK) {
+      const float4 w = cw[r];
+      float y = w.x * bf16f(win[r][0]) + w.y * bf16f(win[r][1]) + w.z * bf16f(win[r][2]) + w.w * bf16f(cur[r]);
+      y = y / (1.f + __expf(-y));
+      x[m][c] = round_bf16(y);
+      uint16_t* wp = p.conv + (size_t(slot) * 9 + m * 3) * HK + h * DK + c;
+      wp[0] = win[r][1], wp[HK] = win[r][2], wp[2 * HK] = cur[r];
+    }
   }
-  if (tid < DK) {
-    const float A = __expf(p.A_log[h]);
-    const float z = bf16f(p.f[size_t(b) * HK + h * DK + tid]) + p.dt_bias[h * DK + tid];
-    const float g = p.g_lower / (1.f + __expf(-A * z));
-    alpha[tid] = __expf(g);
-  }
+  if (tid < DK) alpha[tid] = __expf(p.g_lower / (1.f + __expf(-A * z)));
   __syncthreads();
   if (warp < 2) {  // warp 0: |q|, warp 1: |k|
     float ss = 0.f;
@@ -86,7 +112,7 @@ __global__ void __launch_bounds__(NT, KDA_DECODE_MIN_BLOCKS) kda_decode_kernel(c
     ss = warp_sum(ss);
     if (lane == 0) scal[warp] = rsqrtf(ss + 1e-6f) * (warp == 0 ? rsqrtf(float(DK)) : 1.f);
   } else if (warp == 2 && lane == 0) {
-    scal[2] = 1.f / (1.f + __expf(-bf16f(p.b[size_t(b) * H + h])));
+    scal[2] = 1.f / (1.f + __expf(-blog));
   }
   __syncthreads();
   const float sq = scal[0], sk = scal[1], beta = scal[2];
@@ -132,8 +158,7 @@ __global__ void __launch_bounds__(NT, KDA_DECODE_MIN_BLOCKS) kda_decode_kernel(c
   __syncthreads();
   if (tid < DV) {
     const float ms = (red[0][0][0] + red[0][0][1] + red[0][0][2] + red[0][0][3]) / float(DV);
-    const float gt = bf16f(p.gate[size_t(b) * H * DV + h * DV + tid]);
-    const float y = o * rsqrtf(ms + p.eps) * p.o_norm[tid] / (1.f + __expf(-gt));
+    const float y = o * rsqrtf(ms + p.eps) * onw / (1.f + __expf(-gt));
     p.out[size_t(b) * H * DV + h * DV + tid] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
   }
 }

@@ -1,7 +1,7 @@
 // moe_experts_cpu.cpp: the routed MXFP4 experts on the CPU by the CUDA kernels' algorithm (moe_experts.h):
 // the same counting sort and BT-row tiles per expert, the same permuted k order inside 128-column chunks,
-// the same byte -> bf16x2 table times the E8M0 scale and the same staging slots, all through the rules of
-// moe_experts_layout.h; each k16 step adds its 16 products to the fp32 accumulator as one MMA does. So the
+// the same byte -> bf16x2 table times the E8M0 scale and the same staging slots (prefill), the same nibble
+// pairs, scale factors and activation unit order (decode), all through the rules of moe_experts_layout.h; each k16 step adds its 16 products to the fp32 accumulator as one MMA does. So the
 // op harness checks the kernels' index and bit rules against moe_experts_ref without a GPU. Single-threaded
 // and slow: a checking backend, not the model's CPU path (model/moe.cpp runs the experts through ffn).
 #include <algorithm>
@@ -59,6 +59,45 @@ void row_dot(const uint8_t* w, const uint8_t* s, int K, int n, const std::vector
   }
 }
 
+// a weight pair of the decode kernel: nibble pair j of word w times 2^(e - 1) (two multiplies for large e)
+uint32_t pair_weight(uint32_t w, int j, uint32_t e) {
+  const uint32_t v = moe::e2m1_pair(w, j);
+  if (e <= moe::kPairScaleMax) return bf16x2_mul(v, moe::e8m0_pair_scale(e));
+  return bf16x2_mul(bf16x2_mul(v, moe::kPairUnit), moe::e8m0_bf16x2(e));
+}
+
+// row_dot by the decode kernel's rules: X rows stored in unit order, no table; step st of lane q reads word
+// st / 2 of its group and nibble pairs 2 (st % 2) (a0) and 2 (st % 2) + 1 (a2), the unit's words alike.
+void row_dot_decode(const uint8_t* w, const uint8_t* s, int K, int n, const std::vector<const uint16_t*>& xr,
+                    float* acc) {
+  for (size_t r = 0; r < xr.size(); ++r) acc[r] = 0.f;
+  for (int c0 = 0; c0 < K; c0 += moe::kChunk) {
+    uint32_t raw[4][4], ex[4];
+    for (int q = 0; q < 4; ++q) {
+      const int col = c0 + q * 32;
+      const bool ok = col < K;
+      if (ok) std::memcpy(raw[q], w + size_t(n) * (K / 2) + col / 2, 16);
+      else std::memset(raw[q], 0, 16);
+      ex[q] = ok ? s[size_t(n) * (K / 32) + col / 32] : 127;
+    }
+    for (size_t r = 0; r < xr.size(); ++r)
+      for (int st = 0; st < 8; ++st) {
+        const int wi = st >> 1, h = st & 1;
+        float part = 0.f;
+        for (int q = 0; q < 4; ++q) {
+          const int col = c0 + q * 32 + wi * 8;
+          uint32_t xv[4] = {0, 0, 0, 0};
+          if (col < K) std::memcpy(xv, xr[r] + col, 16);
+          const uint32_t a0 = pair_weight(raw[q][wi], 2 * h, ex[q]), a2 = pair_weight(raw[q][wi], 2 * h + 1, ex[q]);
+          const uint32_t b0 = xv[2 * h], b1 = xv[2 * h + 1];
+          part += bf16_lo(a0) * bf16_lo(b0) + bf16_hi(a0) * bf16_hi(b0) + bf16_lo(a2) * bf16_lo(b1) +
+                  bf16_hi(a2) * bf16_hi(b1);
+        }
+        acc[r] += part;
+      }
+  }
+}
+
 float act(const MoeExpertsParams& p, float g, float u) {
   if (p.act == MoeAct::silu) return g / (1.0f + std::exp(-g)) * u;
   const float a = p.beta1 * std::tanh(g / p.beta1) * (1.0f / (1.0f + std::exp(-g)));
@@ -73,9 +112,12 @@ void moe_experts_cpu(const MoeExpertsParams& p) {
   const int E = p.n_expert;
   const bool decode = p.path == MoePath::decode || (p.path == MoePath::automatic && p.n_tok <= kMoeDecodeMaxTok);
   const int BT = decode ? moe::kDecodeTile : moe::kPrefillTile;
+  // decode: activations (z, h) stored with every 8-column unit in the decode kernel's order
+  auto at = [&](int i) { return decode ? (i & ~7) | moe::unit_pos(i & 7) : i; };
   std::vector<uint16_t> zb(size_t(p.n_tok * p.d_in));
   for (int64_t t = 0; t < p.n_tok; ++t)
-    for (int i = 0; i < p.d_in; ++i) zb[size_t(t * p.d_in + i)] = f32_to_bf16(p.z[t * ldz + i]);
+    for (int i = 0; i < p.d_in; ++i) zb[size_t(t * p.d_in + at(i))] = f32_to_bf16(p.z[t * ldz + i]);
+  const auto dot = decode ? row_dot_decode : row_dot;
   // counting sort by expert, tiles of BT rows (the sort kernel's outputs; rows of an expert in row order)
   std::vector<int> cnt(size_t(E), 0), offsets(size_t(E) + 1, 0), tile_start(size_t(E) + 1, 0), order(static_cast<size_t>(n_rows));
   for (int64_t r = 0; r < n_rows; ++r) {
@@ -105,12 +147,12 @@ void moe_experts_cpu(const MoeExpertsParams& p) {
       const MoeExpertPtrs& ex = p.experts[e];
       for (int n = 0; n < n_out; ++n) {
         if (pass == 0) {
-          row_dot(ex.w1, ex.s1, K, n, xr, ag.data());
-          row_dot(ex.w3, ex.s3, K, n, xr, au.data());
+          dot(ex.w1, ex.s1, K, n, xr, ag.data());
+          dot(ex.w3, ex.s3, K, n, xr, au.data());
           for (int i = 0; i < n_r; ++i)
-            h[size_t(r0 + i) * p.d_ff + n] = f32_to_bf16(act(p, round_bf16(ag[size_t(i)]), round_bf16(au[size_t(i)])));
+            h[size_t(r0 + i) * p.d_ff + at(n)] = f32_to_bf16(act(p, round_bf16(ag[size_t(i)]), round_bf16(au[size_t(i)])));
         } else {
-          row_dot(ex.w2, ex.s2, K, n, xr, ag.data());
+          dot(ex.w2, ex.s2, K, n, xr, ag.data());
           for (int i = 0; i < n_r; ++i) o[size_t(order[size_t(r0 + i)]) * p.d_in + n] = f32_to_bf16(ag[size_t(i)]);
         }
       }

@@ -65,10 +65,13 @@ Scratch carve(const MoeExpertsParams& p, void* base) {
   return s;
 }
 
-__global__ void to_bf16_kernel(const float* z, int64_t ldz, int64_t n_tok, int d, __nv_bfloat16* zb) {
+// zb = bf16(z); unit_order: each 8-column unit stored in the decode kernel's order (moe::unit_pos)
+__global__ void to_bf16_kernel(const float* z, int64_t ldz, int64_t n_tok, int d, bool unit_order,
+                               __nv_bfloat16* zb) {
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= n_tok * d) return;
-  zb[e] = __float2bfloat16_rn(z[(e / d) * ldz + e % d]);
+  const int64_t dst = unit_order ? (e & ~int64_t(7)) | moe::unit_pos(int(e & 7)) : e;
+  zb[dst] = __float2bfloat16_rn(z[(e / d) * ldz + e % d]);
 }
 
 // Counting sort of the n_rows = n_tok * k rows by expert, one block. Out-of-range ids count as expert 0
@@ -325,6 +328,170 @@ __global__ void __launch_bounds__(kWarps * 32, BT <= 8 ? 3 : 1) experts_gemm_ker
     }
 }
 
+// ---- decode: experts_decode_kernel ----
+// For n_tok <= kMoeDecodeMaxTok (batch-1 decode reads every weight once for one or a few tokens: a byte stream).
+// Block = kDecWarps warps on one (tile of 8 sorted rows, group of 16 neurons (gate + up) or 32 rows (down)); the
+// warps split the reduction into runs of whole 128-column chunks, so a neuron group's bytes stream through 4
+// warps at once, and add their partial accumulators in shared memory at the end. A lane keeps the next chunk's
+// weight and activation loads in flight while it decodes the current one. No shared-memory table: weights
+// become bf16 by shifts and masks (moe::e2m1_pair) times 2^(e - 1); activations come from global memory (L1/L2:
+// every block of a tile reads the same rows) in the unit order (moe::unit_pos), so a 16-byte load holds the B
+// registers of two k16 steps. MMA k16 step s (0..7) of lane (g, q) in a chunk: word s / 2 of its 16 weight
+// bytes (columns q * 32 + 8 (s / 2) ..), nibble pairs 2 (s % 2) (a0 / a1) and 2 (s % 2) + 1 (a2 / a3).
+constexpr int kDecWarps = 4;
+
+__device__ __forceinline__ uint4 ldg16(const void* p, bool ok) {
+  return ok ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0, 0, 0, 0);
+}
+
+// weight row `row` of W ([n_out, K] MXFP4), group of column `col` (this lane's 32 columns): raw bytes, exponent
+__device__ __forceinline__ void load_group(uint4& raw, uint32_t& ex, const uint8_t* w, const uint8_t* sc, int K,
+                                           int n_out, int row, int col, bool col_ok) {
+  const bool ok = col_ok && row < n_out;
+  raw = ldg16(w + size_t(row) * (K / 2) + col / 2, ok);
+  ex = ok ? __ldg(sc + size_t(row) * (K / 32) + col / 32) : 127u;
+}
+
+// A registers of step pair `wi` (steps 2 wi, 2 wi + 1) for rows g / g + 8: 4 bf16x2 per step
+template <bool BIG>
+__device__ __forceinline__ void dec_frags(uint32_t w_g, uint32_t w_g8, uint32_t s_g, uint32_t s_g8, uint32_t t_g,
+                                          uint32_t t_g8, uint32_t (&f)[2][4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    f[h][0] = bf16x2_mul(moe::e2m1_pair(w_g, 2 * h), s_g);
+    f[h][1] = bf16x2_mul(moe::e2m1_pair(w_g8, 2 * h), s_g8);
+    f[h][2] = bf16x2_mul(moe::e2m1_pair(w_g, 2 * h + 1), s_g);
+    f[h][3] = bf16x2_mul(moe::e2m1_pair(w_g8, 2 * h + 1), s_g8);
+    if constexpr (BIG) {  // e > kPairScaleMax: s_* = 2^126, t_* = 2^(e - 127)
+      f[h][0] = bf16x2_mul(f[h][0], t_g), f[h][1] = bf16x2_mul(f[h][1], t_g8);
+      f[h][2] = bf16x2_mul(f[h][2], t_g), f[h][3] = bf16x2_mul(f[h][3], t_g8);
+    }
+  }
+}
+
+// the factors of exponent e: s for the first multiply, t for the second (BIG chunks only; 1 where e is small)
+__device__ __forceinline__ void pair_scales(uint32_t e, uint32_t& s, uint32_t& t) {
+  const bool big = e > moe::kPairScaleMax;
+  s = big ? moe::kPairUnit : moe::e8m0_pair_scale(e);
+  t = big ? moe::e8m0_bf16x2(e) : 0x3F803F80u;
+}
+
+// acc += W[rows] x over one chunk; BIG: some exponent of the chunk exceeds kPairScaleMax (two multiplies)
+template <bool BIG>
+__device__ __forceinline__ void chunk_mma(const uint4& a0, const uint4& a1, uint32_t ea0, uint32_t ea1,
+                                          const uint4 (&x)[4], float* acc) {
+  uint32_t s0, t0, s1, t1;
+  pair_scales(ea0, s0, t0), pair_scales(ea1, s1, t1);
+  const uint32_t* w0 = &a0.x;
+  const uint32_t* w1 = &a1.x;
+#pragma unroll
+  for (int wi = 0; wi < 4; ++wi) {
+    uint32_t f[2][4];
+    dec_frags<BIG>(w0[wi], w1[wi], s0, s1, t0, t1, f);
+    mma_bf16(acc, f[0], x[wi].x, x[wi].y);
+    mma_bf16(acc, f[1], x[wi].z, x[wi].w);
+  }
+}
+
+template <bool DUAL>
+__global__ void __launch_bounds__(kDecWarps * 32, 5) experts_decode_kernel(GemmArgs a) {
+  constexpr int BT = moe::kDecodeTile;
+  __shared__ float part[kDecWarps - 1][32][8];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+  const int tile = blockIdx.x;
+  if (tile >= a.tile_start[a.E]) return;
+  const int e = moe::tile_expert(a.tile_start, a.E, tile);
+  const int r0 = a.offsets[e] + (tile - a.tile_start[e]) * BT;
+  const int n_r = min(BT, a.offsets[e + 1] - r0);
+  // token column g of the MMA reads this X row (stored in unit order); columns past n_r read nothing
+  const __nv_bfloat16* xrow =
+      g < n_r ? a.x + size_t(DUAL ? a.order[r0 + g] / a.k : r0 + g) * a.K : nullptr;
+  const MoeExpertPtrs ep = a.experts[e];
+  constexpr int kNeur = DUAL ? 16 : 32;
+  const int n0 = blockIdx.y * kNeur;
+  const uint8_t* wA = DUAL ? ep.w1 : ep.w2;
+  const uint8_t* sA = DUAL ? ep.s1 : ep.s2;
+  const uint8_t* wB = DUAL ? ep.w3 : ep.w2;
+  const uint8_t* sB = DUAL ? ep.s3 : ep.s2;
+  const int rowA = n0 + g, rowB = (DUAL ? n0 : n0 + 16) + g;
+  const int n_chunk = (a.K + moe::kChunk - 1) / moe::kChunk, per = (n_chunk + kDecWarps - 1) / kDecWarps;
+  const int c_begin = warp * per, c_end = min(n_chunk, c_begin + per);
+
+  uint4 wa0, wa1, wb0, wb1, x[4];
+  uint32_t ea0, ea1, eb0, eb1;
+  auto load = [&](int c, uint4& na0, uint4& na1, uint4& nb0, uint4& nb1, uint32_t& fa0, uint32_t& fa1,
+                  uint32_t& fb0, uint32_t& fb1, uint4 (&nx)[4]) {
+    const int col = c * moe::kChunk + q * 32;
+    const bool ok = c < c_end && col < a.K;
+    load_group(na0, fa0, wA, sA, a.K, a.n_out, rowA, col, ok);
+    load_group(na1, fa1, wA, sA, a.K, a.n_out, rowA + 8, col, ok);
+    load_group(nb0, fb0, wB, sB, a.K, a.n_out, rowB, col, ok);
+    load_group(nb1, fb1, wB, sB, a.K, a.n_out, rowB + 8, col, ok);
+#pragma unroll
+    for (int wi = 0; wi < 4; ++wi) nx[wi] = ldg16(xrow + (ok ? col + wi * 8 : 0), ok && xrow != nullptr);
+  };
+  float accA[4] = {0.f, 0.f, 0.f, 0.f}, accB[4] = {0.f, 0.f, 0.f, 0.f};
+  load(c_begin, wa0, wa1, wb0, wb1, ea0, ea1, eb0, eb1, x);
+  for (int c = c_begin; c < c_end; ++c) {
+    uint4 na0, na1, nb0, nb1, nx[4];
+    uint32_t fa0, fa1, fb0, fb1;
+    load(c + 1, na0, na1, nb0, nb1, fa0, fa1, fb0, fb1, nx);  // in flight during this chunk's MMAs
+    const bool big = __any_sync(0xffffffffu, max(max(ea0, ea1), max(eb0, eb1)) > moe::kPairScaleMax);
+    if (!big) {
+      chunk_mma<false>(wa0, wa1, ea0, ea1, x, accA);
+      chunk_mma<false>(wb0, wb1, eb0, eb1, x, accB);
+    } else {
+      chunk_mma<true>(wa0, wa1, ea0, ea1, x, accA);
+      chunk_mma<true>(wb0, wb1, eb0, eb1, x, accB);
+    }
+    wa0 = na0, wa1 = na1, wb0 = nb0, wb1 = nb1, ea0 = fa0, ea1 = fa1, eb0 = fb0, eb1 = fb1;
+#pragma unroll
+    for (int wi = 0; wi < 4; ++wi) x[wi] = nx[wi];
+  }
+  if (warp > 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) part[warp - 1][lane][i] = accA[i], part[warp - 1][lane][4 + i] = accB[i];
+  }
+  __syncthreads();
+  if (warp > 0) return;
+#pragma unroll
+  for (int w = 0; w < kDecWarps - 1; ++w)  // the reduction's runs in order: warp 0 first
+#pragma unroll
+    for (int i = 0; i < 4; ++i) accA[i] += part[w][lane][i], accB[i] += part[w][lane][4 + i];
+  // accumulator i: neuron row g + (i / 2) * 8, token column 2 q + i % 2
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int tok = 2 * q + (i & 1), nr = g + (i >> 1) * 8;
+    if (tok >= n_r) continue;
+    if constexpr (DUAL) {
+      const int neuron = n0 + nr;
+      if (neuron >= a.n_out) continue;
+      const float gv = round_bf16_dev(accA[i]), uv = round_bf16_dev(accB[i]);
+      const int pos = (neuron & ~7) | moe::unit_pos(neuron & 7);  // h is the down GEMM's X: unit order
+      a.out[size_t(r0 + tok) * a.n_out + pos] = __float2bfloat16_rn(act_dev(a.act, gv, uv, a.beta1, a.beta2));
+    } else {
+      const size_t orow = size_t(a.order[r0 + tok]) * a.n_out;
+      if (n0 + nr < a.n_out) a.out[orow + n0 + nr] = __float2bfloat16_rn(accA[i]);
+      if (n0 + 16 + nr < a.n_out) a.out[orow + n0 + 16 + nr] = __float2bfloat16_rn(accB[i]);
+    }
+  }
+}
+
+void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g) {
+  constexpr int BT = moe::kDecodeTile;
+  sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(p.sel, int(n_rows), p.n_expert, BT,
+                                                                          s.offsets, s.tile_start, s.order);
+  K3_CUDA_LAUNCH_CHECK();
+  const unsigned max_tiles = unsigned((n_rows + BT - 1) / BT + std::min<int64_t>(p.n_expert, n_rows));
+  GemmArgs a{p.experts, s.offsets, s.tile_start, s.order, p.n_expert, p.k, p.d_ff, p.d_in, s.zb, s.h,
+             p.act, p.beta1, p.beta2};
+  experts_decode_kernel<true><<<dim3(max_tiles, unsigned((p.d_ff + 15) / 16)), kDecWarps * 32, 0, g.stream>>>(a);
+  K3_CUDA_LAUNCH_CHECK();
+  a.n_out = p.d_in, a.K = p.d_ff, a.x = s.h, a.out = s.o;
+  experts_decode_kernel<false><<<dim3(max_tiles, unsigned((p.d_in + 31) / 32)), kDecWarps * 32, 0, g.stream>>>(a);
+  K3_CUDA_LAUNCH_CHECK();
+}
+
 template <bool DUAL, int BT, bool REP>
 void launch_gemm(const GemmArgs& a, int64_t n_rows, GpuContext& g) {
   const int64_t max_tiles = (n_rows + BT - 1) / BT + std::min<int64_t>(a.E, n_rows);
@@ -355,7 +522,8 @@ void run_path(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuCo
 size_t moe_experts_scratch_bytes(const MoeExpertsParams& p) { return carve(p, nullptr).bytes; }
 
 // variant: 0 = default; bench builds (-DK3_MOE_VARIANTS) add 1 = replicated table, 2 = prefill BT 32,
-// 3 = prefill BT 80, 4 = prefill BT 80 + replicated table.
+// 3 = prefill BT 80, 4 = prefill BT 80 + replicated table, 5 = decode on the tensor-core tile kernel (the
+// decode path before session 5).
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 
 void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g) { moe_experts_cuda_variant(p, g, 0); }
@@ -368,12 +536,19 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
   const Scratch s = carve(p, p.scratch);
   const int64_t n_rows = p.n_tok * p.k;
   K3_ASSERT(n_rows < (int64_t(1) << 31));
-  to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(p.z, p.ldz ? p.ldz : p.d_in,
-                                                                                  p.n_tok, p.d_in, s.zb);
-  K3_CUDA_LAUNCH_CHECK();
   const bool decode = p.path == MoePath::decode || (p.path == MoePath::automatic && p.n_tok <= kMoeDecodeMaxTok);
 #ifdef K3_MOE_VARIANTS
-  if (variant == 1 || (variant == 4 && decode))
+  const bool stream = decode && variant != 1 && variant != 4 && variant != 5;
+#else
+  const bool stream = decode;
+#endif
+  to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(p.z, p.ldz ? p.ldz : p.d_in,
+                                                                                  p.n_tok, p.d_in, stream, s.zb);
+  K3_CUDA_LAUNCH_CHECK();
+#ifdef K3_MOE_VARIANTS
+  if (stream)
+    run_decode(p, s, n_rows, g);
+  else if (variant == 1 || (variant == 4 && decode))
     decode ? run_path<8, true>(p, s, n_rows, g) : run_path<64, true>(p, s, n_rows, g);
   else if (variant == 2 && !decode)
     run_path<32>(p, s, n_rows, g);
@@ -383,7 +558,9 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
     run_path<80, true>(p, s, n_rows, g);
   else
 #endif
-  if (decode)
+  if (stream)
+    run_decode(p, s, n_rows, g);
+  else if (decode)
     run_path<moe::kDecodeTile>(p, s, n_rows, g);
   else
     run_path<moe::kPrefillTile>(p, s, n_rows, g);

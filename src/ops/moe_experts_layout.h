@@ -62,4 +62,25 @@ K3_HD int tile_expert(const int* tile_start, int E, int tile) {
 // tiles of at most BT rows of each expert for `decode` (n_tok <= kMoeDecodeMaxTok) and prefill
 constexpr int kDecodeTile = 8, kPrefillTile = 64;
 
+// ---- the decode kernel's rules (experts_decode_kernel; the prefill kernel keeps the rules above) ----
+// No table: a nibble pair becomes bf16 bits by shifts and masks. Nibble pair j (0..3) of a 32-bit weight word
+// w is nibbles 3 - j (low half) and 7 - j (high half), i.e. columns 3 - j and 7 - j of the word's 8 columns:
+// its sign bit lands on the bf16 sign and its 3 magnitude bits on the lowest 2 exponent bits and the top
+// mantissa bit, which encodes 2^-126 times the e2m1 value (E = 0 as the bf16 subnormal m * 2^-127).
+K3_HD uint32_t e2m1_pair(uint32_t w, int j) {
+  w <<= 4 * j;
+  return (w & 0x80008000u) | ((w >> 6) & 0x01C001C0u);
+}
+// the factor that turns e2m1_pair values into weights: 2^126 * 2^(e - 127) = 2^(e - 1), as bf16x2 bits, for
+// e <= kPairScaleMax; larger e multiply by 2^126 (kPairUnit) and then by e8m0_bf16x2(e)
+constexpr uint32_t kPairScaleMax = 128, kPairUnit = 0x7E807E80u;
+K3_HD uint32_t e8m0_pair_scale(uint32_t e) {
+  const uint32_t h = (e + 126u) << 7;
+  return h | (h << 16);
+}
+// Activations (z, and the hidden h between the two GEMMs) are stored with every 8-column unit in the order
+// {3, 7, 2, 6, 1, 5, 0, 4}: word j of a stored unit is then the bf16 pair of columns (3 - j, 7 - j), the B
+// register that meets weight pair j. unit_pos(c) = where column c (0..7) of a unit is stored.
+K3_HD int unit_pos(int c) { return (0x13570246 >> (4 * c)) & 7; }
+
 }  // namespace k3::moe

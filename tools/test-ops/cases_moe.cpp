@@ -86,6 +86,7 @@ struct ExpertState {
   int E = 0, k = 0, d_in = 0, d_ff = 0;
   MoeAct act = MoeAct::situ;
   MoePath path = MoePath::automatic;
+  int scale_lo = 116, scale_span = 9;   // E8M0 exponents drawn in [lo, lo + span)
   std::vector<std::vector<uint8_t>> w;  // per expert: w1 | w3 | w2 | s1 | s3 | s2
   std::vector<float> z, wt;
   std::vector<int32_t> sel;
@@ -98,14 +99,16 @@ struct ExpertState {
 };
 
 void add_experts(CaseList& cases, int64_t n_tok, int E, int k, int d_in, int d_ff, MoePath path,
-                 MoeAct act = MoeAct::situ) {
+                 MoeAct act = MoeAct::situ, int scale_lo = 116, int scale_span = 9) {
   auto st = std::make_shared<ExpertState>();
   st->n_tok = n_tok, st->E = E, st->k = k, st->d_in = d_in, st->d_ff = d_ff, st->path = path, st->act = act;
+  st->scale_lo = scale_lo, st->scale_span = scale_span;
   st->ldz = d_in + 8, st->ldy = d_in + 3;
   const std::string shape = "n_tok=" + std::to_string(n_tok) + " n_expert=" + std::to_string(E) +
                             " k=" + std::to_string(k) + " d_in=" + std::to_string(d_in) +
                             " d_ff=" + std::to_string(d_ff) + (path == MoePath::decode ? " decode" : " prefill") +
-                            (act == MoeAct::silu ? " silu" : "");
+                            (act == MoeAct::silu ? " silu" : "") +
+                            (scale_lo != 116 ? " scales>=" + std::to_string(scale_lo) : "");
   cases.push_back(std::make_unique<FnCase>(
       "moe_experts", shape, 1e-5,
       [st](Rng& rng) {
@@ -113,7 +116,7 @@ void add_experts(CaseList& cases, int64_t n_tok, int E, int k, int d_in, int d_f
         for (auto& b : st->w) {
           b.resize(3 * st->w13() + 3 * st->s13());
           for (size_t i = 0; i < 3 * st->w13(); ++i) b[i] = uint8_t(rng.bits());
-          for (size_t i = 3 * st->w13(); i < b.size(); ++i) b[i] = uint8_t(116 + rng.below(9));
+          for (size_t i = 3 * st->w13(); i < b.size(); ++i) b[i] = uint8_t(st->scale_lo + rng.below(st->scale_span));
         }
         st->z.resize(size_t(st->n_tok * st->ldz));
         fill_uniform_bf16(rng, st->z.data(), int64_t(st->z.size()), -2.f, 2.f);
@@ -181,6 +184,8 @@ K3_OP_CASES(moe_cases) {
     add_experts(cases, 45, 12, 3, 64, 416, path, MoeAct::silu);
     add_experts(cases, 150, 4, 2, 64, 64, path);  // ~75 rows per expert: several tiles of one expert
     add_experts(cases, 40, 5, 2, 32, 96, path);   // ~16 rows per expert
+    // exponents on both sides of the decode kernel's one-multiply limit (moe::kPairScaleMax = 128)
+    add_experts(cases, 2, 7, 3, 96, 64, path, MoeAct::silu, 112, 24);
   }
 }
 
