@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/device/probe.sh: timings and Nsight Compute counters of the decode kernels under work (session 5):
 #   1. bench_moe decode (K3 shapes: checks vs the fp64 reference, then b = 1 / 8 / 64 timings);
-#   2. ncu on the K3 decode check's launches of bench_moe (n_tok = 1: bf16 cast, sort, gate/up, down, combine);
+#   2. ncu on the K3 decode check's launches of bench_moe (n_tok = 1: the gate/up and the down kernel);
 #   3. ncu on bench_kda decode: one b = 1 timing launch and one b = 64 launch (the TMA kernel);
 #   4. kda: bench_kda decode (checks vs fp64, then b = 1 / 64 timings, twice).
 # PROBE="moe ncu_moe ncu_kda kda" picks steps (default: the first three). Writes $OUT/probe/run.log, moe_cuda.jsonl.
@@ -39,8 +39,8 @@ commit=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
     timeout 60 "$B/bench_moe" "$out/moe_cuda.jsonl" "$commit" decode 2>&1
   fi
   if on ncu_moe && command -v ncu >/dev/null; then
-    echo "== ncu bench_moe decode, first 5 launches ($(el))"
-    timeout 90 ncu --clock-control none -c 5 $sections "$B/bench_moe" /dev/null x decode 2>&1 |
+    echo "== ncu bench_moe decode: the K3 decode check's two expert kernels ($(el))"
+    timeout 90 ncu --clock-control none -k regex:experts_decode -c 2 $sections "$B/bench_moe" /dev/null x decode 2>&1 |
       grep -v -E '^==PROF==|^check|^  decode' | cut -c1-170
   fi
   if on ncu_kda && command -v ncu >/dev/null; then

@@ -393,8 +393,15 @@ __device__ __forceinline__ void chunk_mma(const uint4& a0, const uint4& a1, uint
   }
 }
 
-template <bool DUAL>
-__global__ void __launch_bounds__(kDecWarps * 32, 5) experts_decode_kernel(GemmArgs a) {
+struct DecLoads {  // one lane's loads of one chunk
+  uint4 a0, a1, b0, b1;         // raw MXFP4 of rows g, g + 8 of operand A, then of B (its 32-column group)
+  uint32_t ea0, ea1, eb0, eb1;  // their E8M0 exponents
+  uint4 x[4];                   // token column g's activations, columns q * 32 .. + 32 (unit order)
+};
+
+// DEPTH: chunks in flight per warp; MINB: blocks per SM the registers are sized for
+template <bool DUAL, int DEPTH, int MINB>
+__global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_kernel(GemmArgs a) {
   constexpr int BT = moe::kDecodeTile;
   __shared__ float part[kDecWarps - 1][32][8];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
@@ -417,36 +424,36 @@ __global__ void __launch_bounds__(kDecWarps * 32, 5) experts_decode_kernel(GemmA
   const int n_chunk = (a.K + moe::kChunk - 1) / moe::kChunk, per = (n_chunk + kDecWarps - 1) / kDecWarps;
   const int c_begin = warp * per, c_end = min(n_chunk, c_begin + per);
 
-  uint4 wa0, wa1, wb0, wb1, x[4];
-  uint32_t ea0, ea1, eb0, eb1;
-  auto load = [&](int c, uint4& na0, uint4& na1, uint4& nb0, uint4& nb1, uint32_t& fa0, uint32_t& fa1,
-                  uint32_t& fb0, uint32_t& fb1, uint4 (&nx)[4]) {
+  // a ring of DEPTH + 1 chunks: DEPTH chunks' loads in flight while one is decoded
+  DecLoads buf[DEPTH + 1];
+  auto load = [&](int c, DecLoads& d) {
     const int col = c * moe::kChunk + q * 32;
     const bool ok = c < c_end && col < a.K;
-    load_group(na0, fa0, wA, sA, a.K, a.n_out, rowA, col, ok);
-    load_group(na1, fa1, wA, sA, a.K, a.n_out, rowA + 8, col, ok);
-    load_group(nb0, fb0, wB, sB, a.K, a.n_out, rowB, col, ok);
-    load_group(nb1, fb1, wB, sB, a.K, a.n_out, rowB + 8, col, ok);
+    load_group(d.a0, d.ea0, wA, sA, a.K, a.n_out, rowA, col, ok);
+    load_group(d.a1, d.ea1, wA, sA, a.K, a.n_out, rowA + 8, col, ok);
+    load_group(d.b0, d.eb0, wB, sB, a.K, a.n_out, rowB, col, ok);
+    load_group(d.b1, d.eb1, wB, sB, a.K, a.n_out, rowB + 8, col, ok);
 #pragma unroll
-    for (int wi = 0; wi < 4; ++wi) nx[wi] = ldg16(xrow + (ok ? col + wi * 8 : 0), ok && xrow != nullptr);
+    for (int wi = 0; wi < 4; ++wi) d.x[wi] = ldg16(xrow + (ok ? col + wi * 8 : 0), ok && xrow != nullptr);
   };
   float accA[4] = {0.f, 0.f, 0.f, 0.f}, accB[4] = {0.f, 0.f, 0.f, 0.f};
-  load(c_begin, wa0, wa1, wb0, wb1, ea0, ea1, eb0, eb1, x);
-  for (int c = c_begin; c < c_end; ++c) {
-    uint4 na0, na1, nb0, nb1, nx[4];
-    uint32_t fa0, fa1, fb0, fb1;
-    load(c + 1, na0, na1, nb0, nb1, fa0, fa1, fb0, fb1, nx);  // in flight during this chunk's MMAs
-    const bool big = __any_sync(0xffffffffu, max(max(ea0, ea1), max(eb0, eb1)) > moe::kPairScaleMax);
-    if (!big) {
-      chunk_mma<false>(wa0, wa1, ea0, ea1, x, accA);
-      chunk_mma<false>(wb0, wb1, eb0, eb1, x, accB);
-    } else {
-      chunk_mma<true>(wa0, wa1, ea0, ea1, x, accA);
-      chunk_mma<true>(wb0, wb1, eb0, eb1, x, accB);
-    }
-    wa0 = na0, wa1 = na1, wb0 = nb0, wb1 = nb1, ea0 = fa0, ea1 = fa1, eb0 = fb0, eb1 = fb1;
 #pragma unroll
-    for (int wi = 0; wi < 4; ++wi) x[wi] = nx[wi];
+  for (int i = 0; i < DEPTH; ++i) load(c_begin + i, buf[i]);
+  for (int c = c_begin; c < c_end; c += DEPTH + 1) {
+#pragma unroll
+    for (int j = 0; j <= DEPTH; ++j) {
+      load(c + j + DEPTH, buf[(j + DEPTH) % (DEPTH + 1)]);  // past c_end: predicated off
+      if (c + j >= c_end) break;                           // warp-uniform
+      const DecLoads& d = buf[j];
+      const bool big = __any_sync(0xffffffffu, max(max(d.ea0, d.ea1), max(d.eb0, d.eb1)) > moe::kPairScaleMax);
+      if (!big) {
+        chunk_mma<false>(d.a0, d.a1, d.ea0, d.ea1, d.x, accA);
+        chunk_mma<false>(d.b0, d.b1, d.eb0, d.eb1, d.x, accB);
+      } else {
+        chunk_mma<true>(d.a0, d.a1, d.ea0, d.ea1, d.x, accA);
+        chunk_mma<true>(d.b0, d.b1, d.eb0, d.eb1, d.x, accB);
+      }
+    }
   }
   if (warp > 0) {
 #pragma unroll
@@ -477,6 +484,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 5) experts_decode_kernel(GemmA
   }
 }
 
+template <int DEPTH = 1, int MINB = 4>
 void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g) {
   constexpr int BT = moe::kDecodeTile;
   sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(p.sel, int(n_rows), p.n_expert, BT,
@@ -485,10 +493,10 @@ void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, Gpu
   const unsigned max_tiles = unsigned((n_rows + BT - 1) / BT + std::min<int64_t>(p.n_expert, n_rows));
   GemmArgs a{p.experts, s.offsets, s.tile_start, s.order, p.n_expert, p.k, p.d_ff, p.d_in, s.zb, s.h,
              p.act, p.beta1, p.beta2};
-  experts_decode_kernel<true><<<dim3(max_tiles, unsigned((p.d_ff + 15) / 16)), kDecWarps * 32, 0, g.stream>>>(a);
+  experts_decode_kernel<true, DEPTH, MINB><<<dim3(max_tiles, unsigned((p.d_ff + 15) / 16)), kDecWarps * 32, 0, g.stream>>>(a);
   K3_CUDA_LAUNCH_CHECK();
   a.n_out = p.d_in, a.K = p.d_ff, a.x = s.h, a.out = s.o;
-  experts_decode_kernel<false><<<dim3(max_tiles, unsigned((p.d_in + 31) / 32)), kDecWarps * 32, 0, g.stream>>>(a);
+  experts_decode_kernel<false, DEPTH, MINB><<<dim3(max_tiles, unsigned((p.d_in + 31) / 32)), kDecWarps * 32, 0, g.stream>>>(a);
   K3_CUDA_LAUNCH_CHECK();
 }
 
@@ -523,7 +531,8 @@ size_t moe_experts_scratch_bytes(const MoeExpertsParams& p) { return carve(p, nu
 
 // variant: 0 = default; bench builds (-DK3_MOE_VARIANTS) add 1 = replicated table, 2 = prefill BT 32,
 // 3 = prefill BT 80, 4 = prefill BT 80 + replicated table, 5 = decode on the tensor-core tile kernel (the
-// decode path before session 5).
+// decode path before session 5), 6 / 7 = the decode kernel with 2 / 3 chunks in flight per warp, 8 = sized for
+// 5 blocks per SM (some spills) instead of 4.
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 
 void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g) { moe_experts_cuda_variant(p, g, 0); }
@@ -539,6 +548,25 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
   const bool decode = p.path == MoePath::decode || (p.path == MoePath::automatic && p.n_tok <= kMoeDecodeMaxTok);
 #ifdef K3_MOE_VARIANTS
   const bool stream = decode && variant != 1 && variant != 4 && variant != 5;
+  if (stream && variant == 6) {
+    to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
+        p.z, p.ldz ? p.ldz : p.d_in, p.n_tok, p.d_in, true, s.zb);
+    run_decode<2, 3>(p, s, n_rows, g);
+  } else if (stream && variant == 7) {
+    to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
+        p.z, p.ldz ? p.ldz : p.d_in, p.n_tok, p.d_in, true, s.zb);
+    run_decode<3, 2>(p, s, n_rows, g);
+  } else if (stream && variant == 8) {
+    to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
+        p.z, p.ldz ? p.ldz : p.d_in, p.n_tok, p.d_in, true, s.zb);
+    run_decode<1, 5>(p, s, n_rows, g);
+  }
+  if (stream && variant >= 6) {
+    combine_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
+        s.o, p.wt, p.n_tok, p.k, p.d_in, p.y, p.ldy ? p.ldy : p.d_in);
+    K3_CUDA_LAUNCH_CHECK();
+    return;
+  }
 #else
   const bool stream = decode;
 #endif
