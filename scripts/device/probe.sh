@@ -36,7 +36,7 @@ commit=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
   echo "commit $commit, steps: $PROBE"
   if on moe; then
     echo "== bench_moe decode ($(el))"
-    timeout 60 "$B/bench_moe" "$out/moe_cuda.jsonl" "$commit" decode 2>&1
+    timeout 150 "$B/bench_moe" "$out/moe_cuda.jsonl" "$commit" decode 2>&1
   fi
   if on ncu_moe && command -v ncu >/dev/null; then
     echo "== ncu bench_moe decode: the K3 decode check's two expert kernels ($(el))"
