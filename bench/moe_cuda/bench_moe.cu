@@ -1,8 +1,10 @@
-// bench_moe.cu: the routed MXFP4 experts (ops/moe_experts.h) and the router selection (ops/moe_route.h) on one
-// GPU at K3's shapes (d_in 3584, d_ff 3072, 896 experts, 16 active), against the peers measured in the same run.
+// bench_moe.cu: the routed MXFP4 experts (ops/moe_experts.h) and the router selection (ops/moe_route.h) on
+// one GPU at K3's shapes (d_in 3584, d_ff 3072, 896 experts, 16 active), against the peers measured in the
+// same run.
 //
-//   bench_moe [OUT.jsonl] [COMMIT] [MODE]     MODE: all (default) or decode (K3-shape decode check and timings
-//                                             only: the K3 decode check's launches come first, for a profiler)
+//   bench_moe [OUT.jsonl] [COMMIT] [MODE]
+//     MODE: all (default) or decode (K3-shape decode checks and timings only; the K3 decode check's launches
+//     come first, for a profiler)
 // 1. peers: cudaMemcpy D2D of 2 GiB (copy GB/s = read + write bytes / time); cuBLAS bf16 GEMM 8192^3 with
 //    fp32 accumulation (TFLOP/s).
 // 2. correctness: small odd shapes (both paths) and K3 shapes (decode batch 1 and 2 tokens of a 4096-token

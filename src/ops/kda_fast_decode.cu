@@ -55,7 +55,8 @@ __global__ void __launch_bounds__(NT, KDA_DECODE_MIN_BLOCKS) kda_decode_kernel(c
   const int H = p.n_head, HK = H * DK;
   // Every input is loaded up front, before the first store (the window roll) and before the slot is known, so
   // the loads overlap in one round of memory latency instead of one round per phase (session 5: at b = 1 the
-  // step is latency-bound, DRAM at 17% of peak). Conv items: e = tid and tid + NT (e < 3 * DK), e = m * DK + c.
+  // step is latency-bound, DRAM at 17% of peak). Conv items: e = tid and tid + NT (e < 3 * DK),
+  // e = m * DK + c.
   constexpr int NE = (3 * DK + NT - 1) / NT;
   float4 cw[NE];
   uint16_t cur[NE];
@@ -96,7 +97,8 @@ __global__ void __launch_bounds__(NT, KDA_DECODE_MIN_BLOCKS) kda_decode_kernel(c
     const int e = tid + NT * r, m = e / DK, c = e % DK;
     if (e < 3 * DK) {
       const float4 w = cw[r];
-      float y = w.x * bf16f(win[r][0]) + w.y * bf16f(win[r][1]) + w.z * bf16f(win[r][2]) + w.w * bf16f(cur[r]);
+      float y =
+          w.x * bf16f(win[r][0]) + w.y * bf16f(win[r][1]) + w.z * bf16f(win[r][2]) + w.w * bf16f(cur[r]);
       y = y / (1.f + __expf(-y));
       x[m][c] = round_bf16(y);
       uint16_t* wp = p.conv + (size_t(slot) * 9 + m * 3) * HK + h * DK + c;

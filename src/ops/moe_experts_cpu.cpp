@@ -1,9 +1,10 @@
 // moe_experts_cpu.cpp: the routed MXFP4 experts on the CPU by the CUDA kernels' algorithm (moe_experts.h):
 // the same counting sort and BT-row tiles per expert, the same permuted k order inside 128-column chunks,
 // the same byte -> bf16x2 table times the E8M0 scale and the same staging slots (prefill), the same nibble
-// pairs, scale factors and activation unit order (decode), all through the rules of moe_experts_layout.h; each k16 step adds its 16 products to the fp32 accumulator as one MMA does. So the
-// op harness checks the kernels' index and bit rules against moe_experts_ref without a GPU. Single-threaded
-// and slow: a checking backend, not the model's CPU path (model/moe.cpp runs the experts through ffn).
+// pairs, scale factors and activation unit order (decode), all through the rules of moe_experts_layout.h;
+// each k16 step adds its 16 products to the fp32 accumulator as one MMA does. So the op harness checks the
+// kernels' index and bit rules against moe_experts_ref without a GPU. Single-threaded and slow: a checking
+// backend, not the model's CPU path (model/moe.cpp runs the experts through ffn).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -76,8 +77,10 @@ void row_dot_decode(const uint8_t* w, const uint8_t* s, int K, int n, const std:
     for (int q = 0; q < 4; ++q) {
       const int col = c0 + q * 32;
       const bool ok = col < K;
-      if (ok) std::memcpy(raw[q], w + size_t(n) * (K / 2) + col / 2, 16);
-      else std::memset(raw[q], 0, 16);
+      if (ok)
+        std::memcpy(raw[q], w + size_t(n) * (K / 2) + col / 2, 16);
+      else
+        std::memset(raw[q], 0, 16);
       ex[q] = ok ? s[size_t(n) * (K / 32) + col / 32] : 127;
     }
     for (size_t r = 0; r < xr.size(); ++r)
@@ -88,7 +91,8 @@ void row_dot_decode(const uint8_t* w, const uint8_t* s, int K, int n, const std:
           const int col = c0 + q * 32 + wi * 8;
           uint32_t xv[4] = {0, 0, 0, 0};
           if (col < K) std::memcpy(xv, xr[r] + col, 16);
-          const uint32_t a0 = pair_weight(raw[q][wi], 2 * h, ex[q]), a2 = pair_weight(raw[q][wi], 2 * h + 1, ex[q]);
+          const uint32_t a0 = pair_weight(raw[q][wi], 2 * h, ex[q]),
+                         a2 = pair_weight(raw[q][wi], 2 * h + 1, ex[q]);
           const uint32_t b0 = xv[2 * h], b1 = xv[2 * h + 1];
           part += bf16_lo(a0) * bf16_lo(b0) + bf16_hi(a0) * bf16_hi(b0) + bf16_lo(a2) * bf16_lo(b1) +
                   bf16_hi(a2) * bf16_hi(b1);
@@ -150,7 +154,8 @@ void moe_experts_cpu(const MoeExpertsParams& p) {
           dot(ex.w1, ex.s1, K, n, xr, ag.data());
           dot(ex.w3, ex.s3, K, n, xr, au.data());
           for (int i = 0; i < n_r; ++i)
-            h[size_t(r0 + i) * p.d_ff + at(n)] = f32_to_bf16(act(p, round_bf16(ag[size_t(i)]), round_bf16(au[size_t(i)])));
+            h[size_t(r0 + i) * p.d_ff + at(n)] =
+                f32_to_bf16(act(p, round_bf16(ag[size_t(i)]), round_bf16(au[size_t(i)])));
         } else {
           dot(ex.w2, ex.s2, K, n, xr, ag.data());
           for (int i = 0; i < n_r; ++i) o[size_t(order[size_t(r0 + i)]) * p.d_in + n] = f32_to_bf16(ag[size_t(i)]);

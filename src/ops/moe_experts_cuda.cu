@@ -329,24 +329,25 @@ __global__ void __launch_bounds__(kWarps * 32, BT <= 8 ? 3 : 1) experts_gemm_ker
 }
 
 // ---- decode: experts_decode_kernel ----
-// For n_tok <= kMoeDecodeMaxTok (batch-1 decode reads every weight once for one or a few tokens: a byte stream).
-// Block = kDecWarps warps on one (tile of 8 sorted rows, group of 16 neurons (gate + up) or 32 rows (down)); the
-// warps split the reduction into runs of whole 128-column chunks, so a neuron group's bytes stream through 4
-// warps at once, and add their partial accumulators in shared memory at the end. A lane keeps the next chunk's
-// weight and activation loads in flight while it decodes the current one. No shared-memory table: weights
-// become bf16 by shifts and masks (moe::e2m1_pair) times 2^(e - 1); activations come from global memory (L1/L2:
-// every block of a tile reads the same rows) in the unit order (moe::unit_pos), so a 16-byte load holds the B
-// registers of two k16 steps. MMA k16 step s (0..7) of lane (g, q) in a chunk: word s / 2 of its 16 weight
-// bytes (columns q * 32 + 8 (s / 2) ..), nibble pairs 2 (s % 2) (a0 / a1) and 2 (s % 2) + 1 (a2 / a3).
+// For n_tok <= kMoeDecodeMaxTok (batch-1 decode reads every weight once for one or a few tokens: a byte
+// stream). Block = kDecWarps warps on one (tile of 8 sorted rows, group of 16 neurons (gate + up) or 32 rows
+// (down)); the warps split the reduction into runs of whole 128-column chunks, so a neuron group's bytes
+// stream through 4 warps at once, and add their partial accumulators in shared memory at the end. A lane
+// keeps the next chunk's weight and activation loads in flight while it decodes the current one. No
+// shared-memory table: weights become bf16 by shifts and masks (moe::e2m1_pair) times 2^(e - 1); activations
+// come from global memory (L1/L2: every block of a tile reads the same rows) in the unit order
+// (moe::unit_pos), so a 16-byte load holds the B registers of two k16 steps. MMA k16 step s (0..7) of lane
+// (g, q) in a chunk: word s / 2 of its 16 weight bytes (columns q * 32 + 8 (s / 2) ..), nibble pairs
+// 2 (s % 2) (a0 / a1) and 2 (s % 2) + 1 (a2 / a3).
 constexpr int kDecWarps = 4;
 
 __device__ __forceinline__ uint4 ldg16(const void* p, bool ok) {
   return ok ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0, 0, 0, 0);
 }
 
-// weight row `row` of W ([n_out, K] MXFP4), group of column `col` (this lane's 32 columns): raw bytes, exponent
-__device__ __forceinline__ void load_group(uint4& raw, uint32_t& ex, const uint8_t* w, const uint8_t* sc, int K,
-                                           int n_out, int row, int col, bool col_ok) {
+// row `row` of W ([n_out, K] MXFP4), the group of column `col` (this lane's 32 columns): raw bytes, exponent
+__device__ __forceinline__ void load_group(uint4& raw, uint32_t& ex, const uint8_t* w, const uint8_t* sc,
+                                           int K, int n_out, int row, int col, bool col_ok) {
   const bool ok = col_ok && row < n_out;
   raw = ldg16(w + size_t(row) * (K / 2) + col / 2, ok);
   ex = ok ? __ldg(sc + size_t(row) * (K / 32) + col / 32) : 127u;
@@ -354,8 +355,8 @@ __device__ __forceinline__ void load_group(uint4& raw, uint32_t& ex, const uint8
 
 // A registers of step pair `wi` (steps 2 wi, 2 wi + 1) for rows g / g + 8: 4 bf16x2 per step
 template <bool BIG>
-__device__ __forceinline__ void dec_frags(uint32_t w_g, uint32_t w_g8, uint32_t s_g, uint32_t s_g8, uint32_t t_g,
-                                          uint32_t t_g8, uint32_t (&f)[2][4]) {
+__device__ __forceinline__ void dec_frags(uint32_t w_g, uint32_t w_g8, uint32_t s_g, uint32_t s_g8,
+                                          uint32_t t_g, uint32_t t_g8, uint32_t (&f)[2][4]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     f[h][0] = bf16x2_mul(moe::e2m1_pair(w_g, 2 * h), s_g);
@@ -393,7 +394,7 @@ __device__ __forceinline__ void chunk_mma(const uint4& a0, const uint4& a1, uint
   }
 }
 
-struct DecLoads {  // one lane's loads of one chunk
+struct DecLoads {               // one lane's loads of one chunk
   uint4 a0, a1, b0, b1;         // raw MXFP4 of rows g, g + 8 of operand A, then of B (its 32-column group)
   uint32_t ea0, ea1, eb0, eb1;  // their E8M0 exponents
   uint4 x[4];                   // token column g's activations, columns q * 32 .. + 32 (unit order)
@@ -411,8 +412,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_kernel(Ge
   const int r0 = a.offsets[e] + (tile - a.tile_start[e]) * BT;
   const int n_r = min(BT, a.offsets[e + 1] - r0);
   // token column g of the MMA reads this X row (stored in unit order); columns past n_r read nothing
-  const __nv_bfloat16* xrow =
-      g < n_r ? a.x + size_t(DUAL ? a.order[r0 + g] / a.k : r0 + g) * a.K : nullptr;
+  const __nv_bfloat16* xrow = g < n_r ? a.x + size_t(DUAL ? a.order[r0 + g] / a.k : r0 + g) * a.K : nullptr;
   const MoeExpertPtrs ep = a.experts[e];
   constexpr int kNeur = DUAL ? 16 : 32;
   const int n0 = blockIdx.y * kNeur;
@@ -443,9 +443,10 @@ __global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_kernel(Ge
 #pragma unroll
     for (int j = 0; j <= DEPTH; ++j) {
       load(c + j + DEPTH, buf[(j + DEPTH) % (DEPTH + 1)]);  // past c_end: predicated off
-      if (c + j >= c_end) break;                           // warp-uniform
+      if (c + j >= c_end) break;                            // warp-uniform
       const DecLoads& d = buf[j];
-      const bool big = __any_sync(0xffffffffu, max(max(d.ea0, d.ea1), max(d.eb0, d.eb1)) > moe::kPairScaleMax);
+      const bool big =
+          __any_sync(0xffffffffu, max(max(d.ea0, d.ea1), max(d.eb0, d.eb1)) > moe::kPairScaleMax);
       if (!big) {
         chunk_mma<false>(d.a0, d.a1, d.ea0, d.ea1, d.x, accA);
         chunk_mma<false>(d.b0, d.b1, d.eb0, d.eb1, d.x, accB);
@@ -488,15 +489,17 @@ template <int DEPTH = 1, int MINB = 4>
 void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g) {
   constexpr int BT = moe::kDecodeTile;
   sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(p.sel, int(n_rows), p.n_expert, BT,
-                                                                          s.offsets, s.tile_start, s.order);
+                                                                         s.offsets, s.tile_start, s.order);
   K3_CUDA_LAUNCH_CHECK();
   const unsigned max_tiles = unsigned((n_rows + BT - 1) / BT + std::min<int64_t>(p.n_expert, n_rows));
-  GemmArgs a{p.experts, s.offsets, s.tile_start, s.order, p.n_expert, p.k, p.d_ff, p.d_in, s.zb, s.h,
-             p.act, p.beta1, p.beta2};
-  experts_decode_kernel<true, DEPTH, MINB><<<dim3(max_tiles, unsigned((p.d_ff + 15) / 16)), kDecWarps * 32, 0, g.stream>>>(a);
+  GemmArgs a{p.experts, s.offsets, s.tile_start, s.order, p.n_expert, p.k,    p.d_ff,
+             p.d_in,    s.zb,      s.h,          p.act,   p.beta1,    p.beta2};
+  experts_decode_kernel<true, DEPTH, MINB>
+      <<<dim3(max_tiles, unsigned((p.d_ff + 15) / 16)), kDecWarps * 32, 0, g.stream>>>(a);
   K3_CUDA_LAUNCH_CHECK();
   a.n_out = p.d_in, a.K = p.d_ff, a.x = s.h, a.out = s.o;
-  experts_decode_kernel<false, DEPTH, MINB><<<dim3(max_tiles, unsigned((p.d_in + 31) / 32)), kDecWarps * 32, 0, g.stream>>>(a);
+  experts_decode_kernel<false, DEPTH, MINB>
+      <<<dim3(max_tiles, unsigned((p.d_in + 31) / 32)), kDecWarps * 32, 0, g.stream>>>(a);
   K3_CUDA_LAUNCH_CHECK();
 }
 
@@ -531,8 +534,8 @@ size_t moe_experts_scratch_bytes(const MoeExpertsParams& p) { return carve(p, nu
 
 // variant: 0 = default; bench builds (-DK3_MOE_VARIANTS) add 1 = replicated table, 2 = prefill BT 32,
 // 3 = prefill BT 80, 4 = prefill BT 80 + replicated table, 5 = decode on the tensor-core tile kernel (the
-// decode path before session 5), 6 / 7 = the decode kernel with 2 / 3 chunks in flight per warp, 8 = sized for
-// 5 blocks per SM (some spills) instead of 4.
+// decode path before session 5), 6 / 7 = the decode kernel with 2 / 3 chunks in flight per warp, 8 = sized
+// for 5 blocks per SM (some spills) instead of 4.
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 
 void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g) { moe_experts_cuda_variant(p, g, 0); }
@@ -545,7 +548,8 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
   const Scratch s = carve(p, p.scratch);
   const int64_t n_rows = p.n_tok * p.k;
   K3_ASSERT(n_rows < (int64_t(1) << 31));
-  const bool decode = p.path == MoePath::decode || (p.path == MoePath::automatic && p.n_tok <= kMoeDecodeMaxTok);
+  const bool decode =
+      p.path == MoePath::decode || (p.path == MoePath::automatic && p.n_tok <= kMoeDecodeMaxTok);
 #ifdef K3_MOE_VARIANTS
   const bool stream = decode && variant != 1 && variant != 4 && variant != 5;
   if (stream && variant == 6) {
@@ -570,8 +574,8 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
 #else
   const bool stream = decode;
 #endif
-  to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(p.z, p.ldz ? p.ldz : p.d_in,
-                                                                                  p.n_tok, p.d_in, stream, s.zb);
+  to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
+      p.z, p.ldz ? p.ldz : p.d_in, p.n_tok, p.d_in, stream, s.zb);
   K3_CUDA_LAUNCH_CHECK();
 #ifdef K3_MOE_VARIANTS
   if (stream)
@@ -586,7 +590,7 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
     run_path<80, true>(p, s, n_rows, g);
   else
 #endif
-  if (stream)
+      if (stream)
     run_decode(p, s, n_rows, g);
   else if (decode)
     run_path<moe::kDecodeTile>(p, s, n_rows, g);

@@ -81,6 +81,8 @@ K3_HD uint32_t e8m0_pair_scale(uint32_t e) {
 // Activations (z, and the hidden h between the two GEMMs) are stored with every 8-column unit in the order
 // {3, 7, 2, 6, 1, 5, 0, 4}: word j of a stored unit is then the bf16 pair of columns (3 - j, 7 - j), the B
 // register that meets weight pair j. unit_pos(c) = where column c (0..7) of a unit is stored.
-K3_HD int unit_pos(int c) { return (0x13570246 >> (4 * c)) & 7; }
+K3_HD int unit_pos(int c) {
+  return (0x13570246 >> (4 * c)) & 7;
+}
 
 }  // namespace k3::moe

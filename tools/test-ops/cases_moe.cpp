@@ -104,11 +104,11 @@ void add_experts(CaseList& cases, int64_t n_tok, int E, int k, int d_in, int d_f
   st->n_tok = n_tok, st->E = E, st->k = k, st->d_in = d_in, st->d_ff = d_ff, st->path = path, st->act = act;
   st->scale_lo = scale_lo, st->scale_span = scale_span;
   st->ldz = d_in + 8, st->ldy = d_in + 3;
-  const std::string shape = "n_tok=" + std::to_string(n_tok) + " n_expert=" + std::to_string(E) +
-                            " k=" + std::to_string(k) + " d_in=" + std::to_string(d_in) +
-                            " d_ff=" + std::to_string(d_ff) + (path == MoePath::decode ? " decode" : " prefill") +
-                            (act == MoeAct::silu ? " silu" : "") +
-                            (scale_lo != 116 ? " scales>=" + std::to_string(scale_lo) : "");
+  const std::string shape =
+      "n_tok=" + std::to_string(n_tok) + " n_expert=" + std::to_string(E) + " k=" + std::to_string(k) +
+      " d_in=" + std::to_string(d_in) + " d_ff=" + std::to_string(d_ff) +
+      (path == MoePath::decode ? " decode" : " prefill") + (act == MoeAct::silu ? " silu" : "") +
+      (scale_lo != 116 ? " scales>=" + std::to_string(scale_lo) : "");
   cases.push_back(std::make_unique<FnCase>(
       "moe_experts", shape, 1e-5,
       [st](Rng& rng) {
@@ -116,7 +116,8 @@ void add_experts(CaseList& cases, int64_t n_tok, int E, int k, int d_in, int d_f
         for (auto& b : st->w) {
           b.resize(3 * st->w13() + 3 * st->s13());
           for (size_t i = 0; i < 3 * st->w13(); ++i) b[i] = uint8_t(rng.bits());
-          for (size_t i = 3 * st->w13(); i < b.size(); ++i) b[i] = uint8_t(st->scale_lo + rng.below(st->scale_span));
+          for (size_t i = 3 * st->w13(); i < b.size(); ++i)
+            b[i] = uint8_t(st->scale_lo + rng.below(st->scale_span));
         }
         st->z.resize(size_t(st->n_tok * st->ldz));
         fill_uniform_bf16(rng, st->z.data(), int64_t(st->z.size()), -2.f, 2.f);
