@@ -24,19 +24,29 @@ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {  // exact here: one factor is a po
   return uint32_t(f32_to_bf16(bf16_lo(a) * bf16_lo(b))) | (uint32_t(f32_to_bf16(bf16_hi(a) * bf16_hi(b))) << 16);
 }
 
+// lane q's load of chunk c0 of row n (MXFP4 [n_out, K]): the 16 raw bytes of its group, the E8M0 exponent
+// (zeros and 127 past K)
+void load_chunk(const uint8_t* w, const uint8_t* s, int K, int n, int c0, uint32_t (&raw)[4][4],
+                uint32_t (&ex)[4]) {
+  for (int q = 0; q < 4; ++q) {
+    const int col = c0 + q * 32;
+    const bool ok = col < K;
+    if (ok)
+      std::memcpy(raw[q], w + size_t(n) * (K / 2) + col / 2, 16);
+    else
+      std::memset(raw[q], 0, 16);
+    ex[q] = ok ? s[size_t(n) * (K / 32) + col / 32] : 127;
+  }
+}
+
 // acc[r] = sum over chunks and k16 steps of row `n` of W (MXFP4 [n_out, K]) times X rows xr[r] (bf16 [K])
 void row_dot(const uint8_t* w, const uint8_t* s, int K, int n, const std::vector<const uint16_t*>& xr, float* acc) {
   uint32_t slots[16][4];  // one token row's staged chunk: 16 slots of 8 bf16
   for (size_t r = 0; r < xr.size(); ++r) acc[r] = 0.f;
   for (int c0 = 0; c0 < K; c0 += moe::kChunk) {
     uint32_t raw[4][4], scale[4];
-    for (int q = 0; q < 4; ++q) {
-      const int col = c0 + q * 32;
-      const bool ok = col < K;
-      if (ok) std::memcpy(raw[q], w + size_t(n) * (K / 2) + col / 2, 16);
-      else std::memset(raw[q], 0, 16);
-      scale[q] = moe::e8m0_bf16x2(ok ? s[size_t(n) * (K / 32) + col / 32] : 127);
-    }
+    load_chunk(w, s, K, n, c0, raw, scale);
+    for (uint32_t& e : scale) e = moe::e8m0_bf16x2(e);
     for (size_t r = 0; r < xr.size(); ++r) {
       for (int u = 0; u < 16; ++u) {
         const int col = c0 + u * 8;
@@ -74,15 +84,7 @@ void row_dot_decode(const uint8_t* w, const uint8_t* s, int K, int n, const std:
   for (size_t r = 0; r < xr.size(); ++r) acc[r] = 0.f;
   for (int c0 = 0; c0 < K; c0 += moe::kChunk) {
     uint32_t raw[4][4], ex[4];
-    for (int q = 0; q < 4; ++q) {
-      const int col = c0 + q * 32;
-      const bool ok = col < K;
-      if (ok)
-        std::memcpy(raw[q], w + size_t(n) * (K / 2) + col / 2, 16);
-      else
-        std::memset(raw[q], 0, 16);
-      ex[q] = ok ? s[size_t(n) * (K / 32) + col / 32] : 127;
-    }
+    load_chunk(w, s, K, n, c0, raw, ex);
     for (size_t r = 0; r < xr.size(); ++r)
       for (int st = 0; st < 8; ++st) {
         const int wi = st >> 1, h = st & 1;
