@@ -394,68 +394,41 @@ __device__ __forceinline__ void chunk_mma(const uint4& a0, const uint4& a1, uint
   }
 }
 
-struct DecLoads {               // one lane's loads of one chunk
-  uint4 a0, a1, b0, b1;         // raw MXFP4 of rows g, g + 8 of operand A, then of B (its 32-column group)
-  uint32_t ea0, ea1, eb0, eb1;  // their E8M0 exponents
-  uint4 x[4];                   // token column g's activations, columns q * 32 .. + 32 (unit order)
+// What a decode block works on: its tile's rows, its neuron group, this warp's run of chunks.
+struct DecTile {
+  int r0, n_r;                      // first sorted row of the tile, rows in it (<= 8)
+  int n0, rowA, rowB;               // first neuron of the group; this lane's rows g of operands A and B
+  int c_begin, c_end;               // this warp's chunks
+  const __nv_bfloat16* xrow;        // token column g's X row (unit order), nullptr past n_r
+  const uint8_t *wA, *sA, *wB, *sB;  // operand A = gate (DUAL) / down rows n0.., B = up / down rows n0 + 16..
 };
 
-// DEPTH: chunks in flight per warp; MINB: blocks per SM the registers are sized for
-template <bool DUAL, int DEPTH, int MINB>
-__global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_kernel(GemmArgs a) {
-  constexpr int BT = moe::kDecodeTile;
-  __shared__ float part[kDecWarps - 1][32][8];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+template <bool DUAL>
+__device__ __forceinline__ bool dec_tile(const GemmArgs& a, DecTile& t) {
+  constexpr int BT = moe::kDecodeTile, kNeur = DUAL ? 16 : 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
   const int tile = blockIdx.x;
-  if (tile >= a.tile_start[a.E]) return;
+  if (tile >= a.tile_start[a.E]) return false;
   const int e = moe::tile_expert(a.tile_start, a.E, tile);
-  const int r0 = a.offsets[e] + (tile - a.tile_start[e]) * BT;
-  const int n_r = min(BT, a.offsets[e + 1] - r0);
-  // token column g of the MMA reads this X row (stored in unit order); columns past n_r read nothing
-  const __nv_bfloat16* xrow = g < n_r ? a.x + size_t(DUAL ? a.order[r0 + g] / a.k : r0 + g) * a.K : nullptr;
+  t.r0 = a.offsets[e] + (tile - a.tile_start[e]) * BT;
+  t.n_r = min(BT, a.offsets[e + 1] - t.r0);
+  t.xrow = g < t.n_r ? a.x + size_t(DUAL ? a.order[t.r0 + g] / a.k : t.r0 + g) * a.K : nullptr;
   const MoeExpertPtrs ep = a.experts[e];
-  constexpr int kNeur = DUAL ? 16 : 32;
-  const int n0 = blockIdx.y * kNeur;
-  const uint8_t* wA = DUAL ? ep.w1 : ep.w2;
-  const uint8_t* sA = DUAL ? ep.s1 : ep.s2;
-  const uint8_t* wB = DUAL ? ep.w3 : ep.w2;
-  const uint8_t* sB = DUAL ? ep.s3 : ep.s2;
-  const int rowA = n0 + g, rowB = (DUAL ? n0 : n0 + 16) + g;
+  t.n0 = blockIdx.y * kNeur;
+  t.wA = DUAL ? ep.w1 : ep.w2, t.sA = DUAL ? ep.s1 : ep.s2;
+  t.wB = DUAL ? ep.w3 : ep.w2, t.sB = DUAL ? ep.s3 : ep.s2;
+  t.rowA = t.n0 + g, t.rowB = (DUAL ? t.n0 : t.n0 + 16) + g;
   const int n_chunk = (a.K + moe::kChunk - 1) / moe::kChunk, per = (n_chunk + kDecWarps - 1) / kDecWarps;
-  const int c_begin = warp * per, c_end = min(n_chunk, c_begin + per);
+  t.c_begin = warp * per, t.c_end = min(n_chunk, t.c_begin + per);
+  return true;
+}
 
-  // a ring of DEPTH + 1 chunks: DEPTH chunks' loads in flight while one is decoded
-  DecLoads buf[DEPTH + 1];
-  auto load = [&](int c, DecLoads& d) {
-    const int col = c * moe::kChunk + q * 32;
-    const bool ok = c < c_end && col < a.K;
-    load_group(d.a0, d.ea0, wA, sA, a.K, a.n_out, rowA, col, ok);
-    load_group(d.a1, d.ea1, wA, sA, a.K, a.n_out, rowA + 8, col, ok);
-    load_group(d.b0, d.eb0, wB, sB, a.K, a.n_out, rowB, col, ok);
-    load_group(d.b1, d.eb1, wB, sB, a.K, a.n_out, rowB + 8, col, ok);
-#pragma unroll
-    for (int wi = 0; wi < 4; ++wi) d.x[wi] = ldg16(xrow + (ok ? col + wi * 8 : 0), ok && xrow != nullptr);
-  };
-  float accA[4] = {0.f, 0.f, 0.f, 0.f}, accB[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < DEPTH; ++i) load(c_begin + i, buf[i]);
-  for (int c = c_begin; c < c_end; c += DEPTH + 1) {
-#pragma unroll
-    for (int j = 0; j <= DEPTH; ++j) {
-      load(c + j + DEPTH, buf[(j + DEPTH) % (DEPTH + 1)]);  // past c_end: predicated off
-      if (c + j >= c_end) break;                            // warp-uniform
-      const DecLoads& d = buf[j];
-      const bool big =
-          __any_sync(0xffffffffu, max(max(d.ea0, d.ea1), max(d.eb0, d.eb1)) > moe::kPairScaleMax);
-      if (!big) {
-        chunk_mma<false>(d.a0, d.a1, d.ea0, d.ea1, d.x, accA);
-        chunk_mma<false>(d.b0, d.b1, d.eb0, d.eb1, d.x, accB);
-      } else {
-        chunk_mma<true>(d.a0, d.a1, d.ea0, d.ea1, d.x, accA);
-        chunk_mma<true>(d.b0, d.b1, d.eb0, d.eb1, d.x, accB);
-      }
-    }
-  }
+// Adds the warps' partial accumulators (in warp order) and writes the tile's outputs: DUAL h = act(g, u) in
+// unit order (the down GEMM's X), else o rows at their (t, j) slots.
+template <bool DUAL>
+__device__ __forceinline__ void dec_finish(const GemmArgs& a, const DecTile& t, float (&accA)[4], float (&accB)[4],
+                                           float (*part)[32][8]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
   if (warp > 0) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) part[warp - 1][lane][i] = accA[i], part[warp - 1][lane][4 + i] = accB[i];
@@ -463,29 +436,164 @@ __global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_kernel(Ge
   __syncthreads();
   if (warp > 0) return;
 #pragma unroll
-  for (int w = 0; w < kDecWarps - 1; ++w)  // the reduction's runs in order: warp 0 first
+  for (int w = 0; w < kDecWarps - 1; ++w)
 #pragma unroll
     for (int i = 0; i < 4; ++i) accA[i] += part[w][lane][i], accB[i] += part[w][lane][4 + i];
   // accumulator i: neuron row g + (i / 2) * 8, token column 2 q + i % 2
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int tok = 2 * q + (i & 1), nr = g + (i >> 1) * 8;
-    if (tok >= n_r) continue;
+    if (tok >= t.n_r) continue;
     if constexpr (DUAL) {
-      const int neuron = n0 + nr;
+      const int neuron = t.n0 + nr;
       if (neuron >= a.n_out) continue;
       const float gv = round_bf16_dev(accA[i]), uv = round_bf16_dev(accB[i]);
-      const int pos = (neuron & ~7) | moe::unit_pos(neuron & 7);  // h is the down GEMM's X: unit order
-      a.out[size_t(r0 + tok) * a.n_out + pos] = __float2bfloat16_rn(act_dev(a.act, gv, uv, a.beta1, a.beta2));
+      const int pos = (neuron & ~7) | moe::unit_pos(neuron & 7);
+      a.out[size_t(t.r0 + tok) * a.n_out + pos] = __float2bfloat16_rn(act_dev(a.act, gv, uv, a.beta1, a.beta2));
     } else {
-      const size_t orow = size_t(a.order[r0 + tok]) * a.n_out;
-      if (n0 + nr < a.n_out) a.out[orow + n0 + nr] = __float2bfloat16_rn(accA[i]);
-      if (n0 + 16 + nr < a.n_out) a.out[orow + n0 + 16 + nr] = __float2bfloat16_rn(accB[i]);
+      const size_t orow = size_t(a.order[t.r0 + tok]) * a.n_out;
+      if (t.n0 + nr < a.n_out) a.out[orow + t.n0 + nr] = __float2bfloat16_rn(accA[i]);
+      if (t.n0 + 16 + nr < a.n_out) a.out[orow + t.n0 + 16 + nr] = __float2bfloat16_rn(accB[i]);
     }
   }
 }
 
-template <int DEPTH = 1, int MINB = 4>
+// both operands of one chunk into the accumulators (one or two multiplies per weight pair)
+__device__ __forceinline__ void chunk_both(const uint4& a0, const uint4& a1, const uint4& b0, const uint4& b1,
+                                           const uint32_t (&ex)[4], const uint4 (&x)[4], float (&accA)[4],
+                                           float (&accB)[4]) {
+  const bool big = __any_sync(0xffffffffu, max(max(ex[0], ex[1]), max(ex[2], ex[3])) > moe::kPairScaleMax);
+  if (!big) {
+    chunk_mma<false>(a0, a1, ex[0], ex[1], x, accA);
+    chunk_mma<false>(b0, b1, ex[2], ex[3], x, accB);
+  } else {
+    chunk_mma<true>(a0, a1, ex[0], ex[1], x, accA);
+    chunk_mma<true>(b0, b1, ex[2], ex[3], x, accB);
+  }
+}
+
+struct DecLoads {      // one lane's loads of one chunk
+  uint4 a0, a1, b0, b1;  // raw MXFP4 of rows g, g + 8 of operand A, then of B (its 32-column group)
+  uint32_t ex[4];        // their E8M0 exponents
+  uint4 x[4];            // token column g's activations, columns q * 32 .. + 32 (unit order)
+};
+
+// Register version: DEPTH chunks' loads in flight per warp (DecLoads ring); MINB: blocks per SM the registers
+// are sized for.
+template <bool DUAL, int DEPTH, int MINB>
+__global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_kernel(GemmArgs a) {
+  __shared__ float part[kDecWarps - 1][32][8];
+  DecTile t;
+  if (!dec_tile<DUAL>(a, t)) return;
+  const int q = threadIdx.x & 3;
+  DecLoads buf[DEPTH + 1];
+  auto load = [&](int c, DecLoads& d) {
+    const int col = c * moe::kChunk + q * 32;
+    const bool ok = c < t.c_end && col < a.K;
+    load_group(d.a0, d.ex[0], t.wA, t.sA, a.K, a.n_out, t.rowA, col, ok);
+    load_group(d.a1, d.ex[1], t.wA, t.sA, a.K, a.n_out, t.rowA + 8, col, ok);
+    load_group(d.b0, d.ex[2], t.wB, t.sB, a.K, a.n_out, t.rowB, col, ok);
+    load_group(d.b1, d.ex[3], t.wB, t.sB, a.K, a.n_out, t.rowB + 8, col, ok);
+#pragma unroll
+    for (int wi = 0; wi < 4; ++wi) d.x[wi] = ldg16(t.xrow + (ok ? col + wi * 8 : 0), ok && t.xrow != nullptr);
+  };
+  float accA[4] = {0.f, 0.f, 0.f, 0.f}, accB[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < DEPTH; ++i) load(t.c_begin + i, buf[i]);
+  for (int c = t.c_begin; c < t.c_end; c += DEPTH + 1) {
+#pragma unroll
+    for (int j = 0; j <= DEPTH; ++j) {
+      load(c + j + DEPTH, buf[(j + DEPTH) % (DEPTH + 1)]);  // past c_end: predicated off
+      if (c + j >= t.c_end) break;                          // warp-uniform
+      const DecLoads& d = buf[j];
+      chunk_both(d.a0, d.a1, d.b0, d.b1, d.ex, d.x, accA, accB);
+    }
+  }
+  dec_finish<DUAL>(a, t, accA, accB, part);
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Shared-memory version: each warp keeps R chunks in a ring of its own in shared memory (R - 1 in flight,
+// filled by cp.async: no registers held by loads in flight); a lane reads back only what it copied itself,
+// so no barrier. Slot (stage, k) of a lane: k = 0..3 the raw weights of rows g, g + 8 of A, then B; 4..7 its
+// X units. Exponents stay in registers (R x 4, loaded R - 1 chunks ahead).
+template <int R>
+constexpr size_t dec_ring_bytes() {
+  return size_t(kDecWarps) * R * 8 * 32 * 16;
+}
+
+template <bool DUAL, int R, int MINB>
+__global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_ring_kernel(GemmArgs a) {
+  extern __shared__ uint4 ring[];  // [kDecWarps][R][8][32]
+  __shared__ float part[kDecWarps - 1][32][8];
+  DecTile t;
+  if (!dec_tile<DUAL>(a, t)) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, q = lane & 3;
+  uint4* my = ring + size_t(warp) * R * 8 * 32 + lane;  // slot (stage, k) at my[(stage * 8 + k) * 32]
+  uint32_t ex[R][4];
+  auto issue = [&](int c, int st) {
+    const int col = c * moe::kChunk + q * 32;
+    const bool ok = c < t.c_end && col < a.K;
+    const uint8_t* w[4] = {t.wA, t.wA, t.wB, t.wB};
+    const uint8_t* sc[4] = {t.sA, t.sA, t.sB, t.sB};
+    const int row[4] = {t.rowA, t.rowA + 8, t.rowB, t.rowB + 8};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const bool okr = ok && row[k] < a.n_out;
+      cp_async16(my + (st * 8 + k) * 32, w[k] + (okr ? size_t(row[k]) * (a.K / 2) + col / 2 : 0), okr);
+      ex[st][k] = okr ? __ldg(sc[k] + size_t(row[k]) * (a.K / 32) + col / 32) : 127u;
+    }
+    const bool okx = ok && t.xrow != nullptr;
+#pragma unroll
+    for (int wi = 0; wi < 4; ++wi)
+      cp_async16(my + (st * 8 + 4 + wi) * 32, okx ? t.xrow + col + wi * 8 : a.x, okx);
+    cp_async_commit();
+  };
+  float accA[4] = {0.f, 0.f, 0.f, 0.f}, accB[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < R - 1; ++i) issue(t.c_begin + i, i);
+  for (int c = t.c_begin; c < t.c_end; c += R) {
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      issue(c + j + R - 1, (j + R - 1) % R);  // past c_end: zero-filled, no memory traffic
+      if (c + j >= t.c_end) break;           // warp-uniform
+      cp_async_wait<R - 1>();                // chunk c + j has landed
+      const uint4* sl = my + j * 8 * 32;
+      const uint4 x[4] = {sl[4 * 32], sl[5 * 32], sl[6 * 32], sl[7 * 32]};
+      chunk_both(sl[0], sl[32], sl[2 * 32], sl[3 * 32], ex[j], x, accA, accB);
+    }
+  }
+  cp_async_wait<0>();
+  dec_finish<DUAL>(a, t, accA, accB, part);
+}
+
+// RING > 0: the shared-memory version with RING stages; else the register version with DEPTH chunks in flight
+template <int RING, int DEPTH, int MINB>
+void launch_decode(const GemmArgs& a, unsigned max_tiles, int n_neur_blocks, bool dual, GpuContext& g) {
+  const dim3 grid(max_tiles, unsigned(n_neur_blocks));
+  if constexpr (RING > 0) {
+    auto k = dual ? experts_decode_ring_kernel<true, RING, MINB> : experts_decode_ring_kernel<false, RING, MINB>;
+    static const bool sized = [&] {  // once per instantiation: dynamic shared memory above 48 KB
+      K3_CUDA_ASSERT(cudaFuncSetAttribute(experts_decode_ring_kernel<true, RING, MINB>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(dec_ring_bytes<RING>())));
+      K3_CUDA_ASSERT(cudaFuncSetAttribute(experts_decode_ring_kernel<false, RING, MINB>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(dec_ring_bytes<RING>())));
+      return true;
+    }();
+    (void)sized;
+    k<<<grid, kDecWarps * 32, dec_ring_bytes<RING>(), g.stream>>>(a);
+  } else {
+    auto k = dual ? experts_decode_kernel<true, DEPTH, MINB> : experts_decode_kernel<false, DEPTH, MINB>;
+    k<<<grid, kDecWarps * 32, 0, g.stream>>>(a);
+  }
+  K3_CUDA_LAUNCH_CHECK();
+}
+
+template <int RING = 0, int DEPTH = 1, int MINB = 4>
 void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g) {
   constexpr int BT = moe::kDecodeTile;
   sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(p.sel, int(n_rows), p.n_expert, BT,
@@ -494,13 +602,9 @@ void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, Gpu
   const unsigned max_tiles = unsigned((n_rows + BT - 1) / BT + std::min<int64_t>(p.n_expert, n_rows));
   GemmArgs a{p.experts, s.offsets, s.tile_start, s.order, p.n_expert, p.k,    p.d_ff,
              p.d_in,    s.zb,      s.h,          p.act,   p.beta1,    p.beta2};
-  experts_decode_kernel<true, DEPTH, MINB>
-      <<<dim3(max_tiles, unsigned((p.d_ff + 15) / 16)), kDecWarps * 32, 0, g.stream>>>(a);
-  K3_CUDA_LAUNCH_CHECK();
+  launch_decode<RING, DEPTH, MINB>(a, max_tiles, (p.d_ff + 15) / 16, true, g);
   a.n_out = p.d_in, a.K = p.d_ff, a.x = s.h, a.out = s.o;
-  experts_decode_kernel<false, DEPTH, MINB>
-      <<<dim3(max_tiles, unsigned((p.d_in + 31) / 32)), kDecWarps * 32, 0, g.stream>>>(a);
-  K3_CUDA_LAUNCH_CHECK();
+  launch_decode<RING, DEPTH, MINB>(a, max_tiles, (p.d_in + 31) / 32, false, g);
 }
 
 template <bool DUAL, int BT, bool REP>
@@ -535,7 +639,7 @@ size_t moe_experts_scratch_bytes(const MoeExpertsParams& p) { return carve(p, nu
 // variant: 0 = default; bench builds (-DK3_MOE_VARIANTS) add 1 = replicated table, 2 = prefill BT 32,
 // 3 = prefill BT 80, 4 = prefill BT 80 + replicated table, 5 = decode on the tensor-core tile kernel (the
 // decode path before session 5), 6 / 7 = the decode kernel with 2 / 3 chunks in flight per warp, 8 = sized
-// for 5 blocks per SM (some spills) instead of 4.
+// for 5 blocks per SM (some spills) instead of 4, 9 / 10 = the shared-memory ring version with 3 / 4 stages.
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 
 void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g) { moe_experts_cuda_variant(p, g, 0); }
@@ -555,15 +659,19 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
   if (stream && variant == 6) {
     to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
         p.z, p.ldz ? p.ldz : p.d_in, p.n_tok, p.d_in, true, s.zb);
-    run_decode<2, 3>(p, s, n_rows, g);
+    run_decode<0, 2, 3>(p, s, n_rows, g);
   } else if (stream && variant == 7) {
     to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
         p.z, p.ldz ? p.ldz : p.d_in, p.n_tok, p.d_in, true, s.zb);
-    run_decode<3, 2>(p, s, n_rows, g);
+    run_decode<0, 3, 2>(p, s, n_rows, g);
   } else if (stream && variant == 8) {
     to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
         p.z, p.ldz ? p.ldz : p.d_in, p.n_tok, p.d_in, true, s.zb);
-    run_decode<1, 5>(p, s, n_rows, g);
+    run_decode<0, 1, 5>(p, s, n_rows, g);
+  } else if (stream && (variant == 9 || variant == 10)) {
+    to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
+        p.z, p.ldz ? p.ldz : p.d_in, p.n_tok, p.d_in, true, s.zb);
+    variant == 9 ? run_decode<3, 1, 4>(p, s, n_rows, g) : run_decode<4, 1, 3>(p, s, n_rows, g);
   }
   if (stream && variant >= 6) {
     combine_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
