@@ -40,10 +40,16 @@ struct Scratch {  // carved from p.scratch
   int* offsets;        // [n_expert + 1] first sorted row of each expert
   int* tile_start;     // [n_expert + 1] first tile of each expert (tiles of BT rows)
   int* order;          // [n_rows] sorted position -> row t * k + j
+  int4* tiles;         // [decode_tiles] decode tiles: (expert or -1, first sorted row, rows, 0)
   __nv_bfloat16* h;    // [n_rows, d_ff] sorted rows
   __nv_bfloat16* o;    // [n_rows, d_in] rows t * k + j
   size_t bytes;
 };
+
+// the most tiles of kDecodeTile rows n_rows rows of E experts make (the decode grid's x)
+int64_t decode_tiles(int64_t n_rows, int E) {
+  return (n_rows + moe::kDecodeTile - 1) / moe::kDecodeTile + std::min<int64_t>(E, n_rows);
+}
 
 Scratch carve(const MoeExpertsParams& p, void* base) {
   const int64_t n_rows = p.n_tok * p.k;
@@ -59,6 +65,7 @@ Scratch carve(const MoeExpertsParams& p, void* base) {
   s.offsets = reinterpret_cast<int*>(take(size_t(p.n_expert + 1) * 4));
   s.tile_start = reinterpret_cast<int*>(take(size_t(p.n_expert + 1) * 4));
   s.order = reinterpret_cast<int*>(take(size_t(n_rows) * 4));
+  s.tiles = reinterpret_cast<int4*>(take(size_t(decode_tiles(n_rows, p.n_expert)) * 16));
   s.h = reinterpret_cast<__nv_bfloat16*>(take(size_t(n_rows) * p.d_ff * 2));
   s.o = reinterpret_cast<__nv_bfloat16*>(take(size_t(n_rows) * p.d_in * 2));
   s.bytes = off;
@@ -75,9 +82,11 @@ __global__ void to_bf16_kernel(const float* z, int64_t ldz, int64_t n_tok, int d
 }
 
 // Counting sort of the n_rows = n_tok * k rows by expert, one block. Out-of-range ids count as expert 0
-// (the router never makes them; this only keeps every access in bounds).
+// (the router never makes them; this only keeps every access in bounds). tiles (decode): each of the n_tiles
+// tiles' (expert, first sorted row, rows), expert -1 past the last tile, so a block finds its tile in one load.
 __global__ void __launch_bounds__(kSortThreads) sort_kernel(const int32_t* sel, int n_rows, int E, int BT,
-                                                            int* offsets, int* tile_start, int* order) {
+                                                            int* offsets, int* tile_start, int* order,
+                                                            int4* tiles = nullptr, int n_tiles = 0) {
   extern __shared__ int sm[];
   int* cnt = sm;       // [E]
   int* fill = sm + E;  // [E]
@@ -128,6 +137,12 @@ __global__ void __launch_bounds__(kSortThreads) sort_kernel(const int32_t* sel, 
   }
   if (threadIdx.x == 0) offsets[E] = carry[0], tile_start[E] = carry[1];
   __syncthreads();
+  if (tiles) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+      for (int t = tile_start[e], r0 = offsets[e]; t < tile_start[e + 1]; ++t, r0 += BT)
+        tiles[t] = make_int4(e, r0, min(BT, offsets[e + 1] - r0), 0);
+    for (int t = tile_start[E] + threadIdx.x; t < n_tiles; t += blockDim.x) tiles[t] = make_int4(-1, 0, 0, 0);
+  }
   for (int r = threadIdx.x; r < n_rows; r += blockDim.x) {
     int e = sel[r];
     e = (e >= 0 && e < E) ? e : 0;
@@ -148,6 +163,7 @@ __global__ void combine_kernel(const __nv_bfloat16* o, const float* wt, int64_t 
 
 struct GemmArgs {
   const MoeExpertPtrs* experts;
+  const int4* tiles;      // decode: sort_kernel's tile table
   const int* offsets;     // [E + 1]
   const int* tile_start;  // [E + 1]
   const int* order;       // [n_rows]
@@ -405,13 +421,12 @@ struct DecTile {
 
 template <bool DUAL>
 __device__ __forceinline__ bool dec_tile(const GemmArgs& a, DecTile& t) {
-  constexpr int BT = moe::kDecodeTile, kNeur = DUAL ? 16 : 32;
+  constexpr int kNeur = DUAL ? 16 : 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
-  const int tile = blockIdx.x;
-  if (tile >= a.tile_start[a.E]) return false;
-  const int e = moe::tile_expert(a.tile_start, a.E, tile);
-  t.r0 = a.offsets[e] + (tile - a.tile_start[e]) * BT;
-  t.n_r = min(BT, a.offsets[e + 1] - t.r0);
+  const int4 ti = a.tiles[blockIdx.x];  // (expert, first sorted row, rows): one load, no search
+  if (ti.x < 0) return false;
+  const int e = ti.x;
+  t.r0 = ti.y, t.n_r = ti.z;
   t.xrow = g < t.n_r ? a.x + size_t(DUAL ? a.order[t.r0 + g] / a.k : t.r0 + g) * a.K : nullptr;
   const MoeExpertPtrs ep = a.experts[e];
   t.n0 = blockIdx.y * kNeur;
@@ -596,12 +611,12 @@ void launch_decode(const GemmArgs& a, unsigned max_tiles, int n_neur_blocks, boo
 template <int RING = 0, int DEPTH = 1, int MINB = 4>
 void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g) {
   constexpr int BT = moe::kDecodeTile;
-  sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(p.sel, int(n_rows), p.n_expert, BT,
-                                                                         s.offsets, s.tile_start, s.order);
+  const unsigned max_tiles = unsigned(decode_tiles(n_rows, p.n_expert));
+  sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(
+      p.sel, int(n_rows), p.n_expert, BT, s.offsets, s.tile_start, s.order, s.tiles, int(max_tiles));
   K3_CUDA_LAUNCH_CHECK();
-  const unsigned max_tiles = unsigned((n_rows + BT - 1) / BT + std::min<int64_t>(p.n_expert, n_rows));
-  GemmArgs a{p.experts, s.offsets, s.tile_start, s.order, p.n_expert, p.k,    p.d_ff,
-             p.d_in,    s.zb,      s.h,          p.act,   p.beta1,    p.beta2};
+  GemmArgs a{p.experts, s.tiles, s.offsets, s.tile_start, s.order, p.n_expert, p.k, p.d_ff,
+             p.d_in,    s.zb,    s.h,       p.act,        p.beta1, p.beta2};
   launch_decode<RING, DEPTH, MINB>(a, max_tiles, (p.d_ff + 15) / 16, true, g);
   a.n_out = p.d_in, a.K = p.d_ff, a.x = s.h, a.out = s.o;
   launch_decode<RING, DEPTH, MINB>(a, max_tiles, (p.d_in + 31) / 32, false, g);
@@ -625,7 +640,7 @@ void run_path(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuCo
   sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(p.sel, int(n_rows), p.n_expert, BT,
                                                                           s.offsets, s.tile_start, s.order);
   K3_CUDA_LAUNCH_CHECK();
-  GemmArgs a{p.experts, s.offsets, s.tile_start, s.order, p.n_expert, p.k, p.d_ff, p.d_in, s.zb, s.h,
+  GemmArgs a{p.experts, nullptr, s.offsets, s.tile_start, s.order, p.n_expert, p.k, p.d_ff, p.d_in, s.zb, s.h,
              p.act, p.beta1, p.beta2};
   launch_gemm<true, BT, REP>(a, n_rows, g);
   a.n_out = p.d_in, a.K = p.d_ff, a.x = s.h, a.out = s.o;
