@@ -608,7 +608,7 @@ void launch_decode(const GemmArgs& a, unsigned max_tiles, int n_neur_blocks, boo
   K3_CUDA_LAUNCH_CHECK();
 }
 
-template <int RING = 0, int DEPTH = 1, int MINB = 4>
+template <int RING, int DEPTH, int MINB>
 void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g) {
   constexpr int BT = moe::kDecodeTile;
   const unsigned max_tiles = unsigned(decode_tiles(n_rows, p.n_expert));
@@ -651,10 +651,16 @@ void run_path(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuCo
 
 size_t moe_experts_scratch_bytes(const MoeExpertsParams& p) { return carve(p, nullptr).bytes; }
 
+// The decode path's version by batch (session 5, H200, K3 shapes): the register version at n_tok = 1 (148 vs
+// 164 us), the shared-memory ring of 3 chunks from 2 tokens on (b = 8: 798 vs 879 us; b = 64: 4281 vs 4480 us;
+// nothing measured between 1 and 8).
+constexpr int kRingMinTok = 2;
+
 // variant: 0 = default; bench builds (-DK3_MOE_VARIANTS) add 1 = replicated table, 2 = prefill BT 32,
 // 3 = prefill BT 80, 4 = prefill BT 80 + replicated table, 5 = decode on the tensor-core tile kernel (the
-// decode path before session 5), 6 / 7 = the decode kernel with 2 / 3 chunks in flight per warp, 8 = sized
-// for 5 blocks per SM (some spills) instead of 4, 9 / 10 = the shared-memory ring version with 3 / 4 stages.
+// decode path before session 5), 6 / 7 = the decode kernel's register version with 2 / 3 chunks in flight
+// per warp, 8 = the register version sized for 5 blocks per SM (some spills), 9 / 10 = the shared-memory
+// ring version with 3 / 4 stages, 11 = the register version (1 in flight, 4 blocks per SM) at every n_tok.
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 
 void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g) { moe_experts_cuda_variant(p, g, 0); }
@@ -662,7 +668,6 @@ void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g) { moe_experts_cu
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant) {
   K3_ASSERT(moe_experts_check(p).ok());
   K3_ASSERT(p.scratch != nullptr || p.n_tok == 0);
-  (void)variant;
   if (p.n_tok == 0) return;
   const Scratch s = carve(p, p.scratch);
   const int64_t n_rows = p.n_tok * p.k;
@@ -670,57 +675,53 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
   const bool decode =
       p.path == MoePath::decode || (p.path == MoePath::automatic && p.n_tok <= kMoeDecodeMaxTok);
 #ifdef K3_MOE_VARIANTS
-  const bool stream = decode && variant != 1 && variant != 4 && variant != 5;
-  if (stream && variant == 6) {
-    to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
-        p.z, p.ldz ? p.ldz : p.d_in, p.n_tok, p.d_in, true, s.zb);
-    run_decode<0, 2, 3>(p, s, n_rows, g);
-  } else if (stream && variant == 7) {
-    to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
-        p.z, p.ldz ? p.ldz : p.d_in, p.n_tok, p.d_in, true, s.zb);
-    run_decode<0, 3, 2>(p, s, n_rows, g);
-  } else if (stream && variant == 8) {
-    to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
-        p.z, p.ldz ? p.ldz : p.d_in, p.n_tok, p.d_in, true, s.zb);
-    run_decode<0, 1, 5>(p, s, n_rows, g);
-  } else if (stream && (variant == 9 || variant == 10)) {
-    to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
-        p.z, p.ldz ? p.ldz : p.d_in, p.n_tok, p.d_in, true, s.zb);
-    variant == 9 ? run_decode<3, 1, 4>(p, s, n_rows, g) : run_decode<4, 1, 3>(p, s, n_rows, g);
-  }
-  if (stream && variant >= 6) {
-    combine_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
-        s.o, p.wt, p.n_tok, p.k, p.d_in, p.y, p.ldy ? p.ldy : p.d_in);
-    K3_CUDA_LAUNCH_CHECK();
-    return;
-  }
+  const bool stream = decode && variant != 1 && variant != 4 && variant != 5;  // the decode kernel
 #else
   const bool stream = decode;
+  (void)variant;
 #endif
   to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
       p.z, p.ldz ? p.ldz : p.d_in, p.n_tok, p.d_in, stream, s.zb);
   K3_CUDA_LAUNCH_CHECK();
+  if (stream) {
 #ifdef K3_MOE_VARIANTS
-  if (stream)
-    run_decode(p, s, n_rows, g);
-  else if (variant == 1 || (variant == 4 && decode))
-    decode ? run_path<8, true>(p, s, n_rows, g) : run_path<64, true>(p, s, n_rows, g);
-  else if (variant == 2 && !decode)
-    run_path<32>(p, s, n_rows, g);
-  else if (variant == 3 && !decode)
-    run_path<80>(p, s, n_rows, g);
-  else if (variant == 4)
-    run_path<80, true>(p, s, n_rows, g);
-  else
+    if (variant == 6)
+      run_decode<0, 2, 3>(p, s, n_rows, g);
+    else if (variant == 7)
+      run_decode<0, 3, 2>(p, s, n_rows, g);
+    else if (variant == 8)
+      run_decode<0, 1, 5>(p, s, n_rows, g);
+    else if (variant == 9)
+      run_decode<3, 1, 4>(p, s, n_rows, g);
+    else if (variant == 10)
+      run_decode<4, 1, 3>(p, s, n_rows, g);
+    else if (variant == 11)
+      run_decode<0, 1, 4>(p, s, n_rows, g);
+    else
 #endif
-      if (stream)
-    run_decode(p, s, n_rows, g);
-  else if (decode)
-    run_path<moe::kDecodeTile>(p, s, n_rows, g);
-  else
-    run_path<moe::kPrefillTile>(p, s, n_rows, g);
-  combine_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(s.o, p.wt, p.n_tok, p.k, p.d_in,
-                                                                                  p.y, p.ldy ? p.ldy : p.d_in);
+        if (p.n_tok >= kRingMinTok)
+      run_decode<3, 1, 4>(p, s, n_rows, g);
+    else
+      run_decode<0, 1, 4>(p, s, n_rows, g);
+  } else {
+#ifdef K3_MOE_VARIANTS
+    if (variant == 1 || (variant == 4 && decode))
+      decode ? run_path<8, true>(p, s, n_rows, g) : run_path<64, true>(p, s, n_rows, g);
+    else if (variant == 2 && !decode)
+      run_path<32>(p, s, n_rows, g);
+    else if (variant == 3 && !decode)
+      run_path<80>(p, s, n_rows, g);
+    else if (variant == 4)
+      run_path<80, true>(p, s, n_rows, g);
+    else
+#endif
+        if (decode)
+      run_path<moe::kDecodeTile>(p, s, n_rows, g);
+    else
+      run_path<moe::kPrefillTile>(p, s, n_rows, g);
+  }
+  combine_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
+      s.o, p.wt, p.n_tok, p.k, p.d_in, p.y, p.ldy ? p.ldy : p.d_in);
   K3_CUDA_LAUNCH_CHECK();
 }
 
