@@ -3,7 +3,8 @@
 #   1. bench_moe decode (K3 shapes: checks vs the fp64 reference, then b = 1 / 8 / 64 timings);
 #   2. ncu on the K3 decode check's launches of bench_moe (n_tok = 1: the gate/up and the down kernel);
 #   3. ncu on bench_kda decode: one b = 1 timing launch and one b = 64 launch (the TMA kernel);
-#   4. kda: bench_kda decode (checks vs fp64, then b = 1 / 64 timings, twice).
+#   4. kda: bench_kda decode (checks vs fp64, then b = 1 / 64 timings, twice), with the defaults and with the
+#      persistent kernel (K3_KDA_DECODE_TMA=2).
 # PROBE="moe ncu_moe ncu_kda kda" picks steps (default: the first three). Writes $OUT/probe/run.log, moe_cuda.jsonl.
 #   here:   bash scripts/device/probe.sh --pack BUILD_BENCH_DIR   (bench_moe, bench_kda -> .carry/dev/probe)
 #   device: bash scripts/device/probe.sh
@@ -53,6 +54,8 @@ commit=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
   if on kda; then
     echo "== bench_kda decode ($(el))"
     timeout 40 "$B/bench_kda" "$out/kda_cuda.json" decode 2>&1 | grep -v conv_mismatch
+    echo "== bench_kda decode, K3_KDA_DECODE_TMA=2: the persistent kernel ($(el))"
+    K3_KDA_DECODE_TMA=2 timeout 40 "$B/bench_kda" "$out/kda_cuda_ring.json" decode 2>&1 | grep -v conv_mismatch
   fi
   echo "== done ($(el))"
 } >"$out/run.log" 2>&1

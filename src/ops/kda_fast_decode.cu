@@ -285,12 +285,15 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(NT, 4)
 
 }  // namespace
 
-// kda_fast_decode_tma.cu: the state bulk-copied into shared memory, 3 CTAs per SM.
+// kda_fast_decode_tma.cu: the state bulk-copied into shared memory, 3 CTAs per SM; and the persistent
+// version, one CTA per SM with a ring of 3 states.
 Status kda_decode_fast_tma_cuda(const KdaDecodeParams& p, GpuContext& g);
+Status kda_decode_fast_ring_cuda(const KdaDecodeParams& p, GpuContext& g);
 
-// Which kernel: K3_KDA_DECODE_TMA=0/1 forces one; otherwise the bulk-copy kernel from kTmaMinSeq sequences.
-// Measured on the H200 (session 4): at b = 64 it moves the state at 0.86 of the copy rate against 0.76 for
-// this file's kernel; at b = 1 it is slower (9.3-9.8 vs 8.8-9.2 us). Nothing was measured between.
+// Which kernel: K3_KDA_DECODE_TMA=0 / 1 / 2 forces this file's kernel / the bulk-copy kernel / the persistent
+// one; otherwise the bulk-copy kernel from kTmaMinSeq sequences. Measured on the H200 (session 4): at b = 64
+// it moves the state at 0.86 of the copy rate against 0.76 for this file's kernel; at b = 1 it is slower
+// (9.3-9.8 vs 8.8-9.2 us). Nothing was measured between.
 constexpr int kTmaMinSeq = 8;
 
 Status kda_decode_fast_cuda(const KdaDecodeParams& p, GpuContext& g) {
@@ -298,8 +301,9 @@ Status kda_decode_fast_cuda(const KdaDecodeParams& p, GpuContext& g) {
   if (!st.ok()) return st;
   static const int forced = [] {
     const char* e = std::getenv("K3_KDA_DECODE_TMA");
-    return e ? (e[0] == '1' ? 1 : 0) : -1;
+    return e ? (e[0] == '1' ? 1 : e[0] == '2' ? 2 : 0) : -1;
   }();
+  if (forced == 2) return kda_decode_fast_ring_cuda(p, g);
   const bool extended = p.S_seq || p.conv_seq || p.conv_w_k || p.softplus_gate || p.q_out || p.g_out || p.o_out;
   const bool tma = forced >= 0 ? forced == 1 : p.n_seq >= kTmaMinSeq;
   if (extended || tma) return kda_decode_fast_tma_cuda(p, g);

@@ -20,6 +20,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "core/cuda_check.h"
@@ -220,6 +221,93 @@ __global__ void __launch_bounds__(NT, KDA_DECODE_CTAS) kda_decode_kernel(const K
   if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // Ss read before exit
 }
 
+// Persistent version (session 5): one CTA per SM walks the (head, sequence) items gridDim.x apart with a ring
+// of kRing state buffers in shared memory: while it updates item k, the bulk loads of items k + 1 .. k + kRing
+// - 1 are in flight and item k - 1's bulk store drains, so an SM always has 2 x 64 KB of loads and one store
+// in flight, and there is no tail of a last partial wave of CTAs. Buffer k % kRing's mbarrier completes once
+// per use (parity (k / kRing) & 1); a buffer is refilled only after the bulk store that read it (wait_group.read).
+constexpr int kRing = 3;
+
+__device__ inline void bulk_load_state(const float* Sg, float4* dst, uint32_t bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(kStateBytes) : "memory");
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            smem_addr(dst) + i * (kStateBytes / 4)),
+        "l"(reinterpret_cast<const char*>(Sg) + i * (kStateBytes / 4)), "r"(kStateBytes / 4), "r"(bar)
+        : "memory");
+}
+
+__global__ void __launch_bounds__(NT, 1) kda_decode_ring_kernel(const KdaDecodeParams p) {
+  extern __shared__ __align__(128) float4 ring[];  // [kRing][DK][DV / 4]
+  __shared__ Smem sm;
+  __shared__ unsigned long long bars[kRing];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, H = p.n_head;
+  const int n_items = H * p.n_seq;
+  auto item = [&](int k) { return int(blockIdx.x) + k * int(gridDim.x); };  // item i: head i % H, seq i / H
+  auto buf = [&](int k) { return ring + size_t(k % kRing) * (DK * DV / 4); };
+  if (tid == 0) {
+    for (int r = 0; r < kRing; ++r) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[r])));
+    asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
+    for (int k = 0; k < kRing - 1; ++k)
+      if (item(k) < n_items)
+        bulk_load_state(state_of(p, item(k) % H, item(k) / H), buf(k), smem_addr(&bars[k % kRing]));
+  }
+  __syncthreads();
+  for (int k = 0; item(k) < n_items; ++k) {
+    const int i = item(k), h = i % H, b = i / H;
+    float4* Ss = buf(k);
+    float* Sg = state_of(p, h, b);
+    if (tid == 0 && item(k + kRing - 1) < n_items) {  // refill the buffer item k - 1 used, once its store read it
+      asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+      const int j = item(k + kRing - 1);
+      bulk_load_state(state_of(p, j % H, j / H), buf(k + kRing - 1), smem_addr(&bars[(k + kRing - 1) % kRing]));
+    }
+    const float2 go = prologue(p, sm, h, b, conv_of(p, b));
+    const float sq = sm.scal[0], sk = sm.scal[1], beta = sm.scal[2];
+    const uint32_t bar = smem_addr(&bars[k % kRing]), parity = uint32_t(k / kRing) & 1u;
+    uint32_t done = 0;
+    while (!done)
+      asm volatile(
+          "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, "
+          "p;\n\t}"
+          : "=r"(done)
+          : "r"(bar), "r"(parity)
+          : "memory");
+    float4 part = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {  // pass 1: u partial = (diag(alpha) S)^T k over this warp's rows
+      const int a = warp * ROWS + r;
+      fma4(part, Ss[a * (DV / 4) + lane], sm.alpha[a] * sm.x[1][a] * sk);
+    }
+    reinterpret_cast<float4*>(sm.red[0][warp])[lane] = part;
+    __syncthreads();
+    const float4 u = delta(sm, beta, lane);
+    part = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {  // pass 2: S <- diag(alpha) S + k u^T; o partial = S^T q
+      const int a = warp * ROWS + r;
+      const float al = sm.alpha[a], ka = sm.x[1][a] * sk;
+      float4 s = Ss[a * (DV / 4) + lane];
+      s = make_float4(al * s.x + ka * u.x, al * s.y + ka * u.y, al * s.z + ka * u.z, al * s.w + ka * u.w);
+      fma4(part, s, sm.x[0][a] * sq);
+      Ss[a * (DV / 4) + lane] = s;
+    }
+    reinterpret_cast<float4*>(sm.red[1][warp])[lane] = part;
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    if (tid == 0)
+      asm volatile(
+          "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n\tcp.async.bulk.commit_group;" ::"l"(Sg),
+          "r"(smem_addr(Ss)), "r"(kStateBytes)
+          : "memory");
+    epilogue(p, sm, h, b, go);
+    __syncthreads();  // sm is the next item's
+  }
+  if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+
 #else
 __global__ void __launch_bounds__(NT, 2) kda_decode_kernel(const KdaDecodeParams p) {
   __shared__ Smem sm;
@@ -256,28 +344,57 @@ __global__ void __launch_bounds__(NT, 2) kda_decode_kernel(const KdaDecodeParams
 }
 #endif
 
+// Opts a kernel in to more than 48 KB of dynamic shared memory, once per device (a host-side attribute, not
+// a stream operation; the first call is normally an eager one, before any graph capture).
+template <class K>
+Status opt_in_smem(K kernel, std::atomic<bool>* done, int bytes) {
+  int dev = 0;
+  K3_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= 64 || !done[dev].load()) {
+    K3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    if (dev < 64) done[dev] = true;
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 // Called by kda_decode_fast_cuda (kda_fast_decode.cu) after the shape check.
 Status kda_decode_fast_tma_cuda(const KdaDecodeParams& p, GpuContext& g) {
   const dim3 grid(unsigned(p.n_head), unsigned(p.n_seq));
 #if KDA_DECODE_TMA
-  // 64 KB of dynamic shared memory needs the opt-in: once per device (a host-side attribute, not a stream
-  // operation; the first call is normally an eager one, before any graph capture).
   static std::atomic<bool> opted_in[64] = {};
-  int dev = 0;
-  K3_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev >= 64 || !opted_in[dev].load()) {
-    K3_CUDA_CHECK(cudaFuncSetAttribute(kda_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(kStateBytes)));
-    if (dev < 64) opted_in[dev] = true;
-  }
+  Status st = opt_in_smem(kda_decode_kernel, opted_in, int(kStateBytes));
+  if (!st.ok()) return st;
   kda_decode_kernel<<<grid, NT, kStateBytes, g.stream>>>(p);
 #else
   kda_decode_kernel<<<grid, NT, 0, g.stream>>>(p);
 #endif
   K3_CUDA_CHECK(cudaGetLastError());
   return ok_status();
+}
+
+// The persistent version: min(items, SMs) CTAs of kRing x 64 KB of shared memory.
+Status kda_decode_fast_ring_cuda(const KdaDecodeParams& p, GpuContext& g) {
+#if KDA_DECODE_TMA
+  static std::atomic<bool> opted_in[64] = {};
+  Status st = opt_in_smem(kda_decode_ring_kernel, opted_in, int(kRing * kStateBytes));
+  if (!st.ok()) return st;
+  static std::atomic<int> n_sm[64] = {};
+  int dev = 0, sms = 0;
+  K3_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 64) sms = n_sm[dev].load();
+  if (sms == 0) {
+    K3_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    if (dev < 64) n_sm[dev] = sms;
+  }
+  const int items = p.n_head * p.n_seq;
+  kda_decode_ring_kernel<<<unsigned(std::min(items, sms)), NT, kRing * kStateBytes, g.stream>>>(p);
+  K3_CUDA_CHECK(cudaGetLastError());
+  return ok_status();
+#else
+  return kda_decode_fast_tma_cuda(p, g);
+#endif
 }
 
 }  // namespace k3

@@ -17,6 +17,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "ops/cuda_util.cuh"
 #include "ops/moe_experts.h"
@@ -592,14 +593,15 @@ void launch_decode(const GemmArgs& a, unsigned max_tiles, int n_neur_blocks, boo
   const dim3 grid(max_tiles, unsigned(n_neur_blocks));
   if constexpr (RING > 0) {
     auto k = dual ? experts_decode_ring_kernel<true, RING, MINB> : experts_decode_ring_kernel<false, RING, MINB>;
-    static const bool sized = [&] {  // once per instantiation: dynamic shared memory above 48 KB
-      K3_CUDA_ASSERT(cudaFuncSetAttribute(experts_decode_ring_kernel<true, RING, MINB>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(dec_ring_bytes<RING>())));
-      K3_CUDA_ASSERT(cudaFuncSetAttribute(experts_decode_ring_kernel<false, RING, MINB>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(dec_ring_bytes<RING>())));
-      return true;
-    }();
-    (void)sized;
+    static std::atomic<bool> sized[64] = {};  // the >48 KB opt-in is a per-device function attribute
+    int dev = 0;
+    K3_CUDA_ASSERT(cudaGetDevice(&dev));
+    if (dev >= 64 || !sized[dev].load()) {
+      for (auto f : {experts_decode_ring_kernel<true, RING, MINB>, experts_decode_ring_kernel<false, RING, MINB>})
+        K3_CUDA_ASSERT(
+            cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dec_ring_bytes<RING>())));
+      if (dev < 64) sized[dev] = true;
+    }
     k<<<grid, kDecWarps * 32, dec_ring_bytes<RING>(), g.stream>>>(a);
   } else {
     auto k = dual ? experts_decode_kernel<true, DEPTH, MINB> : experts_decode_kernel<false, DEPTH, MINB>;
