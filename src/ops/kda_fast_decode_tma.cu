@@ -64,13 +64,74 @@ struct Smem {
   unsigned long long bar;
 };
 
-// One thread's inputs of one (head, sequence) step, loaded into registers before any of them is used (so
-// the loads overlap, and the persistent kernel can load the next item's during the current one).
+// After the conv: alpha = exp(g), the two norms and beta into sm; ends with the block synchronized.
+__device__ inline void prologue_tail(const KdaDecodeParams& p, Smem& sm, int h, int b, float A, float fz, float bl) {
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, H = p.n_head, HK = H * DK;
+  if (tid < DK) {
+    const float g = p.softplus_gate ? -A * (fz > 20.f ? fz : log1pf(expf(fz))) : p.g_lower * sigm(A * fz);
+    sm.alpha[tid] = __expf(g);
+    if (p.g_out) p.g_out[size_t(b) * HK + h * DK + tid] = g;
+  }
+  __syncthreads();
+  if (warp < 2) {  // warp 0: |q|, warp 1: |k|
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) ss += sm.x[warp][lane + 32 * j] * sm.x[warp][lane + 32 * j];
+    ss = warp_sum(ss);
+    if (lane == 0) sm.scal[warp] = rsqrtf(ss + 1e-6f) * (warp == 0 ? rsqrtf(float(DK)) : 1.f);
+  } else if (tid == 64) {
+    sm.scal[2] = 1.f / (1.f + __expf(-bl));
+  }
+  __syncthreads();
+  if (p.q_out && tid < DK) {  // the traced intermediates (tests, traces)
+    const size_t r = size_t(b) * HK + h * DK + tid;
+    p.q_out[r] = sm.x[0][tid] * sm.scal[0], p.k_out[r] = sm.x[1][tid] * sm.scal[1], p.v_out[r] = sm.x[2][tid];
+    if (tid == 0) p.beta_out[size_t(b) * H + h] = sm.scal[2];
+  }
+}
+
+// conv output of one channel (width 4 over [x_{t-3}, x_{t-2}, x_{t-1}] and x_t), SiLU, bf16
+__device__ inline float conv_silu(const float4& w, uint16_t w0, uint16_t w1, uint16_t w2, uint16_t cur) {
+  const float y = w.x * bf16f(w0) + w.y * bf16f(w1) + w.z * bf16f(w2) + w.w * bf16f(cur);
+  return round_bf16(y * sigm(y));
+}
+
+__device__ inline const float* conv_taps(const KdaDecodeParams& p, int m) {
+  return m == 0 || !p.conv_w_k ? p.conv_w + size_t(m) * p.n_head * DK * 4 : (m == 1 ? p.conv_w_k : p.conv_w_v);
+}
+
+// Everything before the state is touched: conv + SiLU + roll of the window, gate, beta, the two norms.
+// Ends with the block synchronized; returns (gate, o_norm) of column tid (tid < DV).
+__device__ inline float2 prologue(const KdaDecodeParams& p, Smem& sm, int h, int b, uint16_t* conv) {
+  const int tid = threadIdx.x, H = p.n_head, HK = H * DK;
+  float2 go = make_float2(0.f, 0.f);
+  float fz = 0.f, A = 0.f, bl = 0.f;
+  if (tid < DV) {
+    go.x = bf16f(p.gate[size_t(b) * H * DV + h * DV + tid]);
+    go.y = p.o_norm[tid];
+    fz = bf16f(p.f[size_t(b) * HK + h * DK + tid]) + p.dt_bias[h * DK + tid];
+    A = __expf(p.A_log[h]);
+    if (tid == 64) bl = bf16f(p.b[size_t(b) * H + h]);
+  }
+  for (int e = tid; e < 3 * DK; e += NT) {
+    const int m = e / DK, c = e % DK, ch = h * DK + c;
+    const float4 w = reinterpret_cast<const float4*>(conv_taps(p, m))[ch];
+    uint16_t* win = conv + size_t(m) * 3 * HK + ch;
+    const uint16_t cur = p.qkv[(size_t(b) * 3 + m) * HK + ch];
+    const uint16_t w0 = win[0], w1 = win[HK], w2 = win[2 * HK];
+    sm.x[m][c] = conv_silu(w, w0, w1, w2, cur);
+    win[0] = w1, win[HK] = w2, win[2 * HK] = cur;  // only this CTA touches these channels
+  }
+  prologue_tail(p, sm, h, b, A, fz, bl);
+  return go;
+}
+
+// The persistent kernel's inputs of one (head, sequence) step in registers, loaded during the previous step.
 constexpr int NE = (3 * DK + NT - 1) / NT;  // conv items per thread: e = tid, tid + NT (e < 3 * DK)
 struct StepIn {
   float2 go;  // (gate, o_norm) of column tid (tid < DV)
   float fz, A, bl;
-  float4 w[NE];       // conv taps
+  float4 w[NE];  // conv taps
   uint16_t win[NE][3], cur[NE];
 };
 
@@ -88,53 +149,26 @@ __device__ inline void load_inputs(const KdaDecodeParams& p, int h, int b, const
   for (int r = 0; r < NE; ++r) {
     const int e = tid + NT * r, m = e / DK, ch = h * DK + e % DK;
     if (e >= 3 * DK) break;
-    const float* cw = m == 0 || !p.conv_w_k ? p.conv_w + size_t(m) * HK * 4 : (m == 1 ? p.conv_w_k : p.conv_w_v);
-    in.w[r] = reinterpret_cast<const float4*>(cw)[ch];
+    in.w[r] = reinterpret_cast<const float4*>(conv_taps(p, m))[ch];
     const uint16_t* win = conv + size_t(m) * 3 * HK + ch;
     in.win[r][0] = win[0], in.win[r][1] = win[HK], in.win[r][2] = win[2 * HK];
     in.cur[r] = p.qkv[(size_t(b) * 3 + m) * HK + ch];
   }
 }
 
-// Everything before the state is touched: conv + SiLU + roll of the window, gate, beta, the two norms.
-// Ends with the block synchronized; returns (gate, o_norm) of column tid (tid < DV).
-__device__ inline float2 prologue(const KdaDecodeParams& p, Smem& sm, int h, int b, uint16_t* conv,
-                                  const StepIn& in) {
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, H = p.n_head, HK = H * DK;
+// prologue() from inputs already in registers
+__device__ inline float2 prologue_from(const KdaDecodeParams& p, Smem& sm, int h, int b, uint16_t* conv,
+                                       const StepIn& in) {
+  const int tid = threadIdx.x, HK = p.n_head * DK;
 #pragma unroll
-  for (int r = 0; r < NE; ++r) {  // short conv (width 4) over [x_{t-3}, x_{t-2}, x_{t-1}] and x_t
-    const int e = tid + NT * r, m = e / DK, c = e % DK, ch = h * DK + c;
+  for (int r = 0; r < NE; ++r) {
+    const int e = tid + NT * r, m = e / DK, c = e % DK;
     if (e >= 3 * DK) break;
-    const float4 w = in.w[r];
-    float y = w.x * bf16f(in.win[r][0]) + w.y * bf16f(in.win[r][1]) + w.z * bf16f(in.win[r][2]) +
-              w.w * bf16f(in.cur[r]);
-    y = y * sigm(y);
-    sm.x[m][c] = round_bf16(y);
-    uint16_t* win = conv + size_t(m) * 3 * HK + ch;  // only this CTA touches these channels
+    sm.x[m][c] = conv_silu(in.w[r], in.win[r][0], in.win[r][1], in.win[r][2], in.cur[r]);
+    uint16_t* win = conv + size_t(m) * 3 * HK + h * DK + c;
     win[0] = in.win[r][1], win[HK] = in.win[r][2], win[2 * HK] = in.cur[r];
   }
-  if (tid < DK) {
-    const float A = in.A, fz = in.fz;
-    const float g = p.softplus_gate ? -A * (fz > 20.f ? fz : log1pf(expf(fz))) : p.g_lower * sigm(A * fz);
-    sm.alpha[tid] = __expf(g);
-    if (p.g_out) p.g_out[size_t(b) * HK + h * DK + tid] = g;
-  }
-  __syncthreads();
-  if (warp < 2) {  // warp 0: |q|, warp 1: |k|
-    float ss = 0.f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) ss += sm.x[warp][lane + 32 * j] * sm.x[warp][lane + 32 * j];
-    ss = warp_sum(ss);
-    if (lane == 0) sm.scal[warp] = rsqrtf(ss + 1e-6f) * (warp == 0 ? rsqrtf(float(DK)) : 1.f);
-  } else if (tid == 64) {
-    sm.scal[2] = 1.f / (1.f + __expf(-in.bl));
-  }
-  __syncthreads();
-  if (p.q_out && tid < DK) {  // the traced intermediates (tests, traces)
-    const size_t r = size_t(b) * HK + h * DK + tid;
-    p.q_out[r] = sm.x[0][tid] * sm.scal[0], p.k_out[r] = sm.x[1][tid] * sm.scal[1], p.v_out[r] = sm.x[2][tid];
-    if (tid == 0) p.beta_out[size_t(b) * H + h] = sm.scal[2];
-  }
+  prologue_tail(p, sm, h, b, in.A, in.fz, in.bl);
   return in.go;
 }
 
@@ -202,9 +236,7 @@ __global__ void __launch_bounds__(NT, KDA_DECODE_CTAS) kda_decode_kernel(const K
           "l"(reinterpret_cast<const char*>(Sg) + i * (kStateBytes / 4)), "r"(kStateBytes / 4), "r"(bar)
           : "memory");
   }
-  StepIn in;
-  load_inputs(p, h, b, conv_of(p, b), in);
-  const float2 go = prologue(p, sm, h, b, conv_of(p, b), in);  // (its barriers publish the mbarrier init)
+  const float2 go = prologue(p, sm, h, b, conv_of(p, b));  // (its barriers publish the mbarrier init)
   const float sq = sm.scal[0], sk = sm.scal[1], beta = sm.scal[2];
   uint32_t done = 0;
   while (!done)
@@ -298,7 +330,7 @@ __global__ void __launch_bounds__(NT, 1) kda_decode_ring_kernel(const KdaDecodeP
       const int j = item(k + kRing - 1);
       bulk_load_state(state_of(p, j % H, j / H), buf(k + kRing - 1), smem_addr(&bars[(k + kRing - 1) % kRing]));
     }
-    const float2 go = prologue(p, sm, h, b, conv_of(p, b), in);
+    const float2 go = prologue_from(p, sm, h, b, conv_of(p, b), in);
     const float sq = sm.scal[0], sk = sm.scal[1], beta = sm.scal[2];
     const uint32_t bar = smem_addr(&bars[k % kRing]), parity = uint32_t(k / kRing) & 1u;
     uint32_t done = 0;
@@ -351,9 +383,7 @@ __global__ void __launch_bounds__(NT, 2) kda_decode_kernel(const KdaDecodeParams
   float4 s[ROWS];
 #pragma unroll
   for (int i = 0; i < ROWS; ++i) s[i] = Sg[(warp * ROWS + i) * (DV / 4) + lane];
-  StepIn in;
-  load_inputs(p, h, b, conv_of(p, b), in);
-  const float2 go = prologue(p, sm, h, b, conv_of(p, b), in);
+  const float2 go = prologue(p, sm, h, b, conv_of(p, b));
   const float sq = sm.scal[0], sk = sm.scal[1], beta = sm.scal[2];
   float4 part = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
