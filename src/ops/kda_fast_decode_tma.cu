@@ -65,7 +65,8 @@ struct Smem {
 };
 
 // After the conv: alpha = exp(g), the two norms and beta into sm; ends with the block synchronized.
-__device__ inline void prologue_tail(const KdaDecodeParams& p, Smem& sm, int h, int b, float A, float fz, float bl) {
+__device__ inline void prologue_tail(const KdaDecodeParams& p, Smem& sm, int h, int b, float A, float fz,
+                                     float bl) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, H = p.n_head, HK = H * DK;
   if (tid < DK) {
     const float g = p.softplus_gate ? -A * (fz > 20.f ? fz : log1pf(expf(fz))) : p.g_lower * sigm(A * fz);
@@ -97,7 +98,8 @@ __device__ inline float conv_silu(const float4& w, uint16_t w0, uint16_t w1, uin
 }
 
 __device__ inline const float* conv_taps(const KdaDecodeParams& p, int m) {
-  return m == 0 || !p.conv_w_k ? p.conv_w + size_t(m) * p.n_head * DK * 4 : (m == 1 ? p.conv_w_k : p.conv_w_v);
+  return m == 0 || !p.conv_w_k ? p.conv_w + size_t(m) * p.n_head * DK * 4
+                               : (m == 1 ? p.conv_w_k : p.conv_w_v);
 }
 
 // Everything before the state is touched: conv + SiLU + roll of the window, gate, beta, the two norms.
@@ -217,35 +219,24 @@ __device__ inline uint32_t smem_addr(const void* p) {
   return uint32_t(__cvta_generic_to_shared(p));
 }
 
-__global__ void __launch_bounds__(NT, KDA_DECODE_CTAS) kda_decode_kernel(const KdaDecodeParams p) {
-  extern __shared__ __align__(128) float4 Ss[];  // [DK][DV / 4] the state
-  __shared__ Smem sm;
-  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  float* Sg = state_of(p, h, b);
-  const uint32_t bar = smem_addr(&sm.bar);
-  if (tid == 0) {  // the state load first: 4 bulk copies of 16 KB completing on one mbarrier
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar));
-    asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(kStateBytes)
-                 : "memory");
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      asm volatile(
-          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-              smem_addr(Ss) + i * (kStateBytes / 4)),
-          "l"(reinterpret_cast<const char*>(Sg) + i * (kStateBytes / 4)), "r"(kStateBytes / 4), "r"(bar)
-          : "memory");
-  }
-  const float2 go = prologue(p, sm, h, b, conv_of(p, b));  // (its barriers publish the mbarrier init)
-  const float sq = sm.scal[0], sk = sm.scal[1], beta = sm.scal[2];
+// Waits until the mbarrier at `bar` has completed the phase of parity `parity`.
+__device__ inline void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   while (!done)
     asm volatile(
-        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\tselp.u32 %0, 1, 0, "
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, "
         "p;\n\t}"
         : "=r"(done)
-        : "r"(bar)
+        : "r"(bar), "r"(parity)
         : "memory");
+}
+
+// The update of the state Ss [DK][DV / 4] in shared memory, in place:
+//   pass 1: u = beta (v - (diag(alpha) S)^T k);
+//   pass 2: S <- diag(alpha) S + k u^T, the o partials into sm.red[1].
+// Ends synchronized, the new state visible to a bulk store.
+__device__ inline void update_state(Smem& sm, float4* Ss, float sq, float sk, float beta) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float4 part = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
   for (int i = 0; i < ROWS; ++i) {  // pass 1: u partial = (diag(alpha) S)^T k over this warp's rows
@@ -268,6 +259,31 @@ __global__ void __launch_bounds__(NT, KDA_DECODE_CTAS) kda_decode_kernel(const K
   reinterpret_cast<float4*>(sm.red[1][warp])[lane] = part;
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the new state, visible to the bulk store
   __syncthreads();
+}
+
+__global__ void __launch_bounds__(NT, KDA_DECODE_CTAS) kda_decode_kernel(const KdaDecodeParams p) {
+  extern __shared__ __align__(128) float4 Ss[];  // [DK][DV / 4] the state
+  __shared__ Smem sm;
+  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+  float* Sg = state_of(p, h, b);
+  const uint32_t bar = smem_addr(&sm.bar);
+  if (tid == 0) {  // the state load first: 4 bulk copies of 16 KB completing on one mbarrier
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar));
+    asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(kStateBytes)
+                 : "memory");
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+              smem_addr(Ss) + i * (kStateBytes / 4)),
+          "l"(reinterpret_cast<const char*>(Sg) + i * (kStateBytes / 4)), "r"(kStateBytes / 4), "r"(bar)
+          : "memory");
+  }
+  const float2 go = prologue(p, sm, h, b, conv_of(p, b));  // (its barriers publish the mbarrier init)
+  const float sq = sm.scal[0], sk = sm.scal[1], beta = sm.scal[2];
+  mbar_wait(bar, 0);
+  update_state(sm, Ss, sq, sk, beta);
   if (tid == 0) {
     asm volatile(
         "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n\tcp.async.bulk.commit_group;" ::"l"(
@@ -279,18 +295,20 @@ __global__ void __launch_bounds__(NT, KDA_DECODE_CTAS) kda_decode_kernel(const K
   if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // Ss read before exit
 }
 
-// Persistent version (session 5): one CTA per SM walks the (head, sequence) items gridDim.x apart with a ring
-// of kRing state buffers in shared memory: while it updates item k, the bulk loads of items k + 1 .. k + kRing
-// - 1 are in flight and item k - 1's bulk store drains, so an SM always has 2 x 64 KB of loads and one store
-// in flight, and there is no tail of a last partial wave of CTAs. Buffer k % kRing's mbarrier completes once
-// per use (parity (k / kRing) & 1); a buffer is refilled only after the bulk store that read it (wait_group.read).
-// Measured on the H200 (session 5): correct, but 0.53 of the copy rate at b = 64 (the bulk-copy kernel: 0.86):
-// with one CTA per SM each item's own latency chain (small inputs, state wait, passes, norm) is exposed.
-// Opt-in only (K3_KDA_DECODE_TMA=2).
+// Persistent version (session 5): one CTA per SM walks the (head, sequence) items gridDim.x apart with a
+// ring of kRing state buffers in shared memory. While it updates item k, the bulk loads of items k + 1 to
+// k + kRing - 1 are in flight and item k - 1's bulk store drains, so an SM always has 2 x 64 KB of loads
+// and one store in flight, and there is no tail of a last partial wave of CTAs. Buffer k % kRing's mbarrier
+// completes once per use (parity (k / kRing) & 1); a buffer is refilled only after the bulk store that read
+// it (wait_group.read). The next item's inputs are loaded into registers during the current item. Measured
+// on the H200 (session 5): correct, 0.756 of the copy rate at b = 64 against 0.86 for the bulk-copy kernel
+// (each item's state wait, passes and barriers on one CTA per SM stay exposed). Opt-in only
+// (K3_KDA_DECODE_TMA=2).
 constexpr int kRing = 3;
 
 __device__ inline void bulk_load_state(const float* Sg, float4* dst, uint32_t bar) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(kStateBytes) : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(kStateBytes)
+               : "memory");
 #pragma unroll
   for (int i = 0; i < 4; ++i)
     asm volatile(
@@ -304,12 +322,13 @@ __global__ void __launch_bounds__(NT, 1) kda_decode_ring_kernel(const KdaDecodeP
   extern __shared__ __align__(128) float4 ring[];  // [kRing][DK][DV / 4]
   __shared__ Smem sm;
   __shared__ unsigned long long bars[kRing];
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, H = p.n_head;
+  const int tid = threadIdx.x, H = p.n_head;
   const int n_items = H * p.n_seq;
   auto item = [&](int k) { return int(blockIdx.x) + k * int(gridDim.x); };  // item i: head i % H, seq i / H
   auto buf = [&](int k) { return ring + size_t(k % kRing) * (DK * DV / 4); };
   if (tid == 0) {
-    for (int r = 0; r < kRing; ++r) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[r])));
+    for (int r = 0; r < kRing; ++r)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[r])));
     asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
     for (int k = 0; k < kRing - 1; ++k)
       if (item(k) < n_items)
@@ -325,47 +344,22 @@ __global__ void __launch_bounds__(NT, 1) kda_decode_ring_kernel(const KdaDecodeP
     StepIn next;
     const int j = item(k + 1);
     if (j < n_items) load_inputs(p, j % H, j / H, conv_of(p, j / H), next);
-    if (tid == 0 && item(k + kRing - 1) < n_items) {  // refill the buffer item k - 1 used, once its store read it
+    if (tid == 0 &&
+        item(k + kRing - 1) < n_items) {  // refill the buffer item k - 1 used, once its store read it
       asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
       const int j = item(k + kRing - 1);
-      bulk_load_state(state_of(p, j % H, j / H), buf(k + kRing - 1), smem_addr(&bars[(k + kRing - 1) % kRing]));
+      bulk_load_state(state_of(p, j % H, j / H), buf(k + kRing - 1),
+                      smem_addr(&bars[(k + kRing - 1) % kRing]));
     }
     const float2 go = prologue_from(p, sm, h, b, conv_of(p, b), in);
     const float sq = sm.scal[0], sk = sm.scal[1], beta = sm.scal[2];
     const uint32_t bar = smem_addr(&bars[k % kRing]), parity = uint32_t(k / kRing) & 1u;
-    uint32_t done = 0;
-    while (!done)
-      asm volatile(
-          "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, "
-          "p;\n\t}"
-          : "=r"(done)
-          : "r"(bar), "r"(parity)
-          : "memory");
-    float4 part = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {  // pass 1: u partial = (diag(alpha) S)^T k over this warp's rows
-      const int a = warp * ROWS + r;
-      fma4(part, Ss[a * (DV / 4) + lane], sm.alpha[a] * sm.x[1][a] * sk);
-    }
-    reinterpret_cast<float4*>(sm.red[0][warp])[lane] = part;
-    __syncthreads();
-    const float4 u = delta(sm, beta, lane);
-    part = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {  // pass 2: S <- diag(alpha) S + k u^T; o partial = S^T q
-      const int a = warp * ROWS + r;
-      const float al = sm.alpha[a], ka = sm.x[1][a] * sk;
-      float4 s = Ss[a * (DV / 4) + lane];
-      s = make_float4(al * s.x + ka * u.x, al * s.y + ka * u.y, al * s.z + ka * u.z, al * s.w + ka * u.w);
-      fma4(part, s, sm.x[0][a] * sq);
-      Ss[a * (DV / 4) + lane] = s;
-    }
-    reinterpret_cast<float4*>(sm.red[1][warp])[lane] = part;
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    __syncthreads();
+    mbar_wait(bar, parity);
+    update_state(sm, Ss, sq, sk, beta);
     if (tid == 0)
       asm volatile(
-          "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n\tcp.async.bulk.commit_group;" ::"l"(Sg),
+          "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n\tcp.async.bulk.commit_group;" ::"l"(
+              Sg),
           "r"(smem_addr(Ss)), "r"(kStateBytes)
           : "memory");
     epilogue(p, sm, h, b, go);

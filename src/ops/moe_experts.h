@@ -14,13 +14,13 @@
 //
 // CUDA paths (both graph-capture safe: the routing stays on the device, launch shapes depend only on
 // n_tok, k, n_expert and the dimensions; scratch is the caller's):
-//   decode  (n_tok <= kMoeDecodeMaxTok): a byte stream. Rows (t, j) sorted by expert into tiles of 8 (the sort
-//           also tabulates each tile's expert and rows); a block of 4 warps owns (tile, 16 neurons: gate and
-//           up rows together, or 32 down rows) and its warps split the reduction, each streaming 16-byte
-//           loads of 32 MXFP4 weights (one scale group) per lane; weights become bf16 by shifts and masks (no
-//           table), MMA m16n8k16 with the tile's tokens as the 8 columns; partial sums added in shared
-//           memory. Loads in flight: the next chunk in registers at 1 token, a shared-memory ring of 3
-//           chunks per warp (cp.async) from 2 tokens.
+//   decode  (n_tok <= kMoeDecodeMaxTok): a byte stream. Rows (t, j) sorted by expert into tiles of 8 (the
+//           sort also tabulates each tile's expert and rows); a block of 4 warps owns (tile, 16 neurons:
+//           gate and up rows together, or 32 down rows) and its warps split the reduction, each streaming
+//           16-byte loads of 32 MXFP4 weights (one scale group) per lane; weights become bf16 by shifts and
+//           masks (no table), MMA m16n8k16 with the tile's tokens as the 8 columns; partial sums added in
+//           shared memory. Loads in flight: the next chunk in registers at 1 token, a shared-memory ring
+//           of 3 chunks per warp (cp.async) from 2 tokens.
 //   prefill: rows (t, j) counting-sorted by expert on the device; a grouped GEMM whose blocks map to
 //           (expert, 64-row tile, neuron tile); MXFP4 decoded in the kernel into bf16 tiles in shared
 //           memory feeding mma.sync bf16 tensor cores (fp32 accumulate); SiTU fused after gate/up; the down

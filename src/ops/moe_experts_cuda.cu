@@ -84,10 +84,11 @@ __global__ void to_bf16_kernel(const float* z, int64_t ldz, int64_t n_tok, int d
 
 // Counting sort of the n_rows = n_tok * k rows by expert, one block. Out-of-range ids count as expert 0
 // (the router never makes them; this only keeps every access in bounds). tiles (decode): each of the n_tiles
-// tiles' (expert, first sorted row, rows), expert -1 past the last tile, so a block finds its tile in one load.
-__global__ void __launch_bounds__(kSortThreads) sort_kernel(const int32_t* sel, int n_rows, int E, int BT,
-                                                            int* offsets, int* tile_start, int* order,
-                                                            int4* tiles = nullptr, int n_tiles = 0) {
+// tiles' (expert, first sorted row, rows), expert -1 past the last tile, so a block finds its tile in one
+// load.
+__global__ void __launch_bounds__(kSortThreads)
+    sort_kernel(const int32_t* sel, int n_rows, int E, int BT, int* offsets, int* tile_start, int* order,
+                int4* tiles = nullptr, int n_tiles = 0) {
   extern __shared__ int sm[];
   int* cnt = sm;       // [E]
   int* fill = sm + E;  // [E]
@@ -413,10 +414,10 @@ __device__ __forceinline__ void chunk_mma(const uint4& a0, const uint4& a1, uint
 
 // What a decode block works on: its tile's rows, its neuron group, this warp's run of chunks.
 struct DecTile {
-  int r0, n_r;                      // first sorted row of the tile, rows in it (<= 8)
-  int n0, rowA, rowB;               // first neuron of the group; this lane's rows g of operands A and B
-  int c_begin, c_end;               // this warp's chunks
-  const __nv_bfloat16* xrow;        // token column g's X row (unit order), nullptr past n_r
+  int r0, n_r;                       // first sorted row of the tile, rows in it (<= 8)
+  int n0, rowA, rowB;                // first neuron of the group; this lane's rows g of operands A and B
+  int c_begin, c_end;                // this warp's chunks
+  const __nv_bfloat16* xrow;         // token column g's X row (unit order), nullptr past n_r
   const uint8_t *wA, *sA, *wB, *sB;  // operand A = gate (DUAL) / down rows n0.., B = up / down rows n0 + 16..
 };
 
@@ -442,8 +443,8 @@ __device__ __forceinline__ bool dec_tile(const GemmArgs& a, DecTile& t) {
 // Adds the warps' partial accumulators (in warp order) and writes the tile's outputs: DUAL h = act(g, u) in
 // unit order (the down GEMM's X), else o rows at their (t, j) slots.
 template <bool DUAL>
-__device__ __forceinline__ void dec_finish(const GemmArgs& a, const DecTile& t, float (&accA)[4], float (&accB)[4],
-                                           float (*part)[32][8]) {
+__device__ __forceinline__ void dec_finish(const GemmArgs& a, const DecTile& t, float (&accA)[4],
+                                           float (&accB)[4], float (*part)[32][8]) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
   if (warp > 0) {
 #pragma unroll
@@ -455,7 +456,7 @@ __device__ __forceinline__ void dec_finish(const GemmArgs& a, const DecTile& t, 
   for (int w = 0; w < kDecWarps - 1; ++w)
 #pragma unroll
     for (int i = 0; i < 4; ++i) accA[i] += part[w][lane][i], accB[i] += part[w][lane][4 + i];
-  // accumulator i: neuron row g + (i / 2) * 8, token column 2 q + i % 2
+      // accumulator i: neuron row g + (i / 2) * 8, token column 2 q + i % 2
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int tok = 2 * q + (i & 1), nr = g + (i >> 1) * 8;
@@ -465,7 +466,8 @@ __device__ __forceinline__ void dec_finish(const GemmArgs& a, const DecTile& t, 
       if (neuron >= a.n_out) continue;
       const float gv = round_bf16_dev(accA[i]), uv = round_bf16_dev(accB[i]);
       const int pos = (neuron & ~7) | moe::unit_pos(neuron & 7);
-      a.out[size_t(t.r0 + tok) * a.n_out + pos] = __float2bfloat16_rn(act_dev(a.act, gv, uv, a.beta1, a.beta2));
+      a.out[size_t(t.r0 + tok) * a.n_out + pos] =
+          __float2bfloat16_rn(act_dev(a.act, gv, uv, a.beta1, a.beta2));
     } else {
       const size_t orow = size_t(a.order[t.r0 + tok]) * a.n_out;
       if (t.n0 + nr < a.n_out) a.out[orow + t.n0 + nr] = __float2bfloat16_rn(accA[i]);
@@ -488,7 +490,7 @@ __device__ __forceinline__ void chunk_both(const uint4& a0, const uint4& a1, con
   }
 }
 
-struct DecLoads {      // one lane's loads of one chunk
+struct DecLoads {        // one lane's loads of one chunk
   uint4 a0, a1, b0, b1;  // raw MXFP4 of rows g, g + 8 of operand A, then of B (its 32-column group)
   uint32_t ex[4];        // their E8M0 exponents
   uint4 x[4];            // token column g's activations, columns q * 32 .. + 32 (unit order)
@@ -576,8 +578,8 @@ __global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_ring_kern
 #pragma unroll
     for (int j = 0; j < R; ++j) {
       issue(c + j + R - 1, (j + R - 1) % R);  // past c_end: zero-filled, no memory traffic
-      if (c + j >= t.c_end) break;           // warp-uniform
-      cp_async_wait<R - 1>();                // chunk c + j has landed
+      if (c + j >= t.c_end) break;            // warp-uniform
+      cp_async_wait<R - 1>();                 // chunk c + j has landed
       const uint4* sl = my + j * 8 * 32;
       const uint4 x[4] = {sl[4 * 32], sl[5 * 32], sl[6 * 32], sl[7 * 32]};
       chunk_both(sl[0], sl[32], sl[2 * 32], sl[3 * 32], ex[j], x, accA, accB);
@@ -592,14 +594,16 @@ template <int RING, int DEPTH, int MINB>
 void launch_decode(const GemmArgs& a, unsigned max_tiles, int n_neur_blocks, bool dual, GpuContext& g) {
   const dim3 grid(max_tiles, unsigned(n_neur_blocks));
   if constexpr (RING > 0) {
-    auto k = dual ? experts_decode_ring_kernel<true, RING, MINB> : experts_decode_ring_kernel<false, RING, MINB>;
+    auto k =
+        dual ? experts_decode_ring_kernel<true, RING, MINB> : experts_decode_ring_kernel<false, RING, MINB>;
     static std::atomic<bool> sized[64] = {};  // the >48 KB opt-in is a per-device function attribute
     int dev = 0;
     K3_CUDA_ASSERT(cudaGetDevice(&dev));
     if (dev >= 64 || !sized[dev].load()) {
-      for (auto f : {experts_decode_ring_kernel<true, RING, MINB>, experts_decode_ring_kernel<false, RING, MINB>})
-        K3_CUDA_ASSERT(
-            cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dec_ring_bytes<RING>())));
+      for (auto f :
+           {experts_decode_ring_kernel<true, RING, MINB>, experts_decode_ring_kernel<false, RING, MINB>})
+        K3_CUDA_ASSERT(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(dec_ring_bytes<RING>())));
       if (dev < 64) sized[dev] = true;
     }
     k<<<grid, kDecWarps * 32, dec_ring_bytes<RING>(), g.stream>>>(a);
@@ -617,8 +621,8 @@ void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, Gpu
   sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(
       p.sel, int(n_rows), p.n_expert, BT, s.offsets, s.tile_start, s.order, s.tiles, int(max_tiles));
   K3_CUDA_LAUNCH_CHECK();
-  GemmArgs a{p.experts, s.tiles, s.offsets, s.tile_start, s.order, p.n_expert, p.k, p.d_ff,
-             p.d_in,    s.zb,    s.h,       p.act,        p.beta1, p.beta2};
+  GemmArgs a{p.experts, s.tiles, s.offsets, s.tile_start, s.order, p.n_expert, p.k,
+             p.d_ff,    p.d_in,  s.zb,      s.h,          p.act,   p.beta1,    p.beta2};
   launch_decode<RING, DEPTH, MINB>(a, max_tiles, (p.d_ff + 15) / 16, true, g);
   a.n_out = p.d_in, a.K = p.d_ff, a.x = s.h, a.out = s.o;
   launch_decode<RING, DEPTH, MINB>(a, max_tiles, (p.d_in + 31) / 32, false, g);
@@ -642,8 +646,8 @@ void run_path(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuCo
   sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(p.sel, int(n_rows), p.n_expert, BT,
                                                                           s.offsets, s.tile_start, s.order);
   K3_CUDA_LAUNCH_CHECK();
-  GemmArgs a{p.experts, nullptr, s.offsets, s.tile_start, s.order, p.n_expert, p.k, p.d_ff, p.d_in, s.zb, s.h,
-             p.act, p.beta1, p.beta2};
+  GemmArgs a{p.experts, nullptr, s.offsets, s.tile_start, s.order, p.n_expert, p.k,
+             p.d_ff,    p.d_in,  s.zb,      s.h,          p.act,   p.beta1,    p.beta2};
   launch_gemm<true, BT, REP>(a, n_rows, g);
   a.n_out = p.d_in, a.K = p.d_ff, a.x = s.h, a.out = s.o;
   launch_gemm<false, BT, REP>(a, n_rows, g);
@@ -654,8 +658,8 @@ void run_path(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuCo
 size_t moe_experts_scratch_bytes(const MoeExpertsParams& p) { return carve(p, nullptr).bytes; }
 
 // The decode path's version by batch (session 5, H200, K3 shapes): the register version at n_tok = 1 (148 vs
-// 164 us), the shared-memory ring of 3 chunks from 2 tokens on (b = 8: 798 vs 879 us; b = 64: 4281 vs 4480 us;
-// nothing measured between 1 and 8).
+// 164 us), the shared-memory ring of 3 chunks from 2 tokens on (b = 8: 798 vs 879 us; b = 64: 4281 vs 4480
+// us; nothing measured between 1 and 8).
 constexpr int kRingMinTok = 2;
 
 // variant: 0 = default; bench builds (-DK3_MOE_VARIANTS) add 1 = replicated table, 2 = prefill BT 32,
