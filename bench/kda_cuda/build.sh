@@ -10,6 +10,7 @@ flags=(${KDA_FLAGS:-} -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --exp
        -I"$here/src" -I"$here/include")
 nvcc "${flags[@]}" -Xptxas -v -o "$out/${KDA_NAME:-bench_kda}" "$here/bench/kda_cuda/bench_kda.cu" \
   "$here"/src/ops/kda_fast_prefill*.cu "$here"/src/ops/kda_fast_decode*.cu "$here/src/ops/kda_fast_ref.cpp" \
+  "$here/src/core/env.cpp" "$here/src/core/log.cpp" \
   -Xcompiler -pthread 2>&1 | grep -E "error|warning|registers|spill" || true
 test -x "$out/${KDA_NAME:-bench_kda}"
 echo "built $out/${KDA_NAME:-bench_kda}"

@@ -9,7 +9,8 @@ mkdir -p "$out"
 flags=(-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -lineinfo -I"$here" -I"$here/src" -I"$here/include"
   -Xptxas -v -lcublas)
 nvcc "${flags[@]}" -o "$out/bench_mla_decode" "$here/bench/mla_cuda/bench_mla_decode.cu" \
-  "$here"/src/ops/mla_decode*_cuda.cu "$here/src/ops/mla_decode_ref.cpp" 2>&1 |
+  "$here"/src/ops/mla_decode*_cuda.cu "$here/src/ops/mla_decode_ref.cpp" \
+  "$here/src/core/env.cpp" "$here/src/core/log.cpp" 2>&1 |
   grep -E "error|warning|registers|spill" || true &
 nvcc "${flags[@]}" -o "$out/bench_mla_prefill" "$here/bench/mla_cuda/bench_mla_prefill.cu" \
   "$here/src/ops/mla_prefill_cuda.cu" "$here/src/ops/mla_prefill_ref.cpp" 2>&1 |

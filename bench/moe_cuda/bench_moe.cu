@@ -38,8 +38,8 @@ namespace k3 {  // moe_experts_cuda.cu, built with -DK3_MOE_VARIANTS: 0 default,
                 // 2 prefill BT 32, 3 prefill BT 80, 4 prefill BT 80 + replicated table, 5 decode on the
                 // tensor-core tile kernel (the decode default before session 5), 6 / 7 decode with 2 / 3
                 // chunks in flight per warp, 8 decode sized for 5 blocks per SM, 9 / 10 decode through a
-                // shared-memory ring of 3 / 4 chunks per warp (cp.async), 11 the register version at every batch
-                // (the default: the register version at 1 token, the ring of 3 from 2)
+                // shared-memory ring of 3 / 4 chunks per warp (cp.async), 11 the register version at every
+                // batch (the default: the register version at 1 token, the ring of 3 from 2)
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 }
 

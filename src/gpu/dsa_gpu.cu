@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "core/env.h"
 #include "gpu/blocks_gpu.cuh"
 #include "ops/dsa_index.h"
 #include "ops/dsa_topk.h"
@@ -120,10 +121,7 @@ Status trace_sel(const GpuCtx& c, int layer, const int32_t* sel, int64_t n_past,
 // since session 4 (ops checked on the H200, and the K3.1 slice's layers = CPU); K3_DSA_FAST=0 (read once)
 // keeps the straightforward kernels.
 bool dsa_fast_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("K3_DSA_FAST");
-    return !v || v[0] != '0';
-  }();
+  static const bool on = env_switch("K3_DSA_FAST", true);
   return on;
 }
 

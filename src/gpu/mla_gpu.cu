@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "core/env.h"
 #include "gpu/blocks_gpu.cuh"
 #include "ops/attention.h"
 #include "ops/mla_decode.h"
@@ -215,15 +216,13 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
     K3_RETURN_IF_ERROR(zh.alloc(c, n_tok * nh * R));
   }
   const float scale = 1.f / std::sqrt(float(dqk));
-  const char* fast_env = std::getenv("K3_MLA_FAST");  // read per call: tests switch it
-  const bool fast = c.bf16() && !(fast_env && fast_env[0] == '0');
+  const bool fast = c.bf16() && env_switch("K3_MLA_FAST", true);  // read per call: tests switch it
   const bool fast_decode = fast && R == kMlaLatent && dr == kMlaRope;
   const bool fast_prefill = fast && dn == kMlaPrefillNope && dr == kMlaPrefillRope && dv == kMlaPrefillV;
   // Opt-in (K3_DSA_SPARSE_MLA=1, read per call): DSA's absorbed steps in bf16 mode on ops/mla_sparse.h. On
   // the H200 it made the K3.1 slice's DSA layer 6.8x faster at B = 1, but its GPU test failed in the one run
   // it got (session 4; details lost); the default stays the generic attention over the selection.
-  const char* sparse_env = std::getenv("K3_DSA_SPARSE_MLA");
-  const bool sparse_mla = sparse_env && sparse_env[0] == '1' && c.bf16() && R == kMlaLatent && dr == kMlaRope;
+  const bool sparse_mla = env_switch("K3_DSA_SPARSE_MLA", false) && c.bf16() && R == kMlaLatent && dr == kMlaRope;
   for (const MlaSeqGpu& s : seqs) {
     if (s.n_tok <= 0) continue;
     MlaStateGpu& st = *s.st;

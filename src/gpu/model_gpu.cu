@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/cuda_check.h"
+#include "core/env.h"
 #include "gpu/blocks_gpu.cuh"
 #include "gpu/context.h"
 #include "gpu/model_impl_gpu.cuh"
@@ -51,8 +52,7 @@ Status embed_gpu(const GpuCtx& c, const ModelWeightsGpu& w, int64_t D, const int
 }
 
 GpuModel::GpuModel(const ModelConfig& cfg, const ModelOptions& opt) : cfg_(cfg), opt_(opt) {
-  const char* env = std::getenv("K3_CUDA_GRAPH");  // opt-in until checked on a GPU (docs/cuda.md)
-  graphs_on_ = opt.cuda_graph || (env && std::string(env) == "1");
+  graphs_on_ = opt.cuda_graph || env_switch("K3_CUDA_GRAPH", false);  // opt-in (docs/perf.md)
 }
 GpuModel::~GpuModel() {
   if (impl_) cudaSetDevice(device_);

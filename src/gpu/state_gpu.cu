@@ -8,6 +8,7 @@
 // Copies to and from a host SeqState use the same layouts, so a sequence can move between CPU and GPU.
 #include "core/cuda_check.h"
 #include "core/dtype.h"
+#include "core/env.h"
 #include "gpu/model_gpu.h"
 
 #include <cuda_runtime.h>
@@ -37,8 +38,7 @@ int64_t index_width(const ModelConfig& c, int layer) {
 // The fast KDA kernels (ops/kda_fast.h) serve bf16 mode with K = V = 128 and a conv of width 4. Opt-in
 // (K3_KDA_FAST=1) until the path has run on a GPU: src/gpu/kda_fast_gpu.cu compiles but is not yet validated.
 bool kda_fast(const ModelConfig& c, Precision p) {
-  const char* e = std::getenv("K3_KDA_FAST");
-  return p == Precision::bf16 && c.kda.d_head == 128 && c.kda.conv_size == 4 && e && e[0] == '1';
+  return p == Precision::bf16 && c.kda.d_head == 128 && c.kda.conv_size == 4 && env_switch("K3_KDA_FAST", false);
 }
 // Bytes of one KDA layer's state: S, then the window (bf16 or fp32), rounded up to 256.
 int64_t kda_layer_bytes(const ModelConfig& c, bool fast) {

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/env.h"
 #include "model/binder.h"
 
 namespace k3::gpu {
@@ -95,8 +96,7 @@ void walk_mla(Uploader& u, const MlaWeights& h, MlaWeightsGpu* d) {
 // matrix (gate and latent_down are views of its two row ranges, so nothing is stored twice), and MXFP4
 // experts keep their checkpoint layout and get a device table of per-expert pointers.
 bool moe_fast_requested() {
-  const char* v = std::getenv("K3_MOE_FAST");
-  return !v || v[0] != '0';
+  return env_switch("K3_MOE_FAST", true);
 }
 
 void walk_moe(Uploader& u, const MoeWeights& h, MoeWeightsGpu* d) {

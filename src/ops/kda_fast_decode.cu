@@ -17,8 +17,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <string>
 
 #include "core/cuda_check.h"
+#include "core/env.h"
 #include "ops/kda_fast.h"
 
 namespace k3 {
@@ -300,8 +302,8 @@ Status kda_decode_fast_cuda(const KdaDecodeParams& p, GpuContext& g) {
   Status st = kda_decode_fast_check(p);
   if (!st.ok()) return st;
   static const int forced = [] {
-    const char* e = std::getenv("K3_KDA_DECODE_TMA");
-    return e ? (e[0] == '1' ? 1 : e[0] == '2' ? 2 : 0) : -1;
+    const std::string e = env_value("K3_KDA_DECODE_TMA");
+    return e == "0" ? 0 : e == "1" ? 1 : e == "2" ? 2 : -1;
   }();
   if (forced == 2) return kda_decode_fast_ring_cuda(p, g);
   const bool extended = p.S_seq || p.conv_seq || p.conv_w_k || p.softplus_gate || p.q_out || p.g_out || p.o_out;

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "core/cuda_check.h"
+#include "core/env.h"
 #include "ops/kda_fast_prefill.cuh"
 
 namespace k3 {
@@ -232,10 +233,7 @@ Status kda_prefill_fast_cuda_onekernel(const KdaPrefillParams& p, GpuContext& g)
 // The two-kernel prefill is the default since session 4 (checked against fp64 and timed on the H200: 1.5x
 // the one-kernel version at T = 2048, 8192 and 8 x 1024); K3_KDA_PREFILL_SPLIT=0 runs the one-kernel one.
 bool kda_prefill_split_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("K3_KDA_PREFILL_SPLIT");
-    return !e || std::atoi(e) != 0;
-  }();
+  static const bool on = env_switch("K3_KDA_PREFILL_SPLIT", true);
   return on;
 }
 
@@ -250,14 +248,14 @@ Status kda_prefill_fast_cuda(const KdaPrefillParams& p, GpuContext& g) {
     return error(Code::invalid_argument, "kda_prefill_fast: the GPU workspace (" + std::to_string(g.workspace_bytes) +
                                              " bytes) holds no chunk of n_head=" + std::to_string(p.n_head) +
                                              " (needs " + std::to_string(per_chunk) + " bytes)");
-  static const char* vb_env = std::getenv("K3_KDA_PRE_VB");  // bench only: 64 value columns per state CTA
-  auto state = vb_env && std::atoi(vb_env) == 64 ? launch_state<64> : launch_state<32>;
+  static const bool vb64 = env_value("K3_KDA_PRE_VB") == "64";  // bench only: 64 value columns per state CTA
+  auto state = vb64 ? launch_state<64> : launch_state<32>;
   const int64_t max_chunks = p.n_tok / C + p.n_seq;  // >= sum of ceil(len / 64); the kernels skip the rest
   const int64_t fit = int64_t(g.workspace_bytes / per_chunk);
   uint32_t* ws = static_cast<uint32_t*>(g.workspace);
   // Pre-pass and walk in turn on one stream: measured faster on the H200 than overlapping them on two
   // streams (3.45 vs 3.58 ms at T = 8192, 54.7 vs 56.5 ms at 131072); K3_KDA_PRE_OVERLAP=1 overlaps.
-  static const bool overlap = std::getenv("K3_KDA_PRE_OVERLAP") != nullptr;
+  static const bool overlap = env_switch("K3_KDA_PRE_OVERLAP", false);
   if (!overlap || fit < 2 || max_chunks <= fit) {  // one buffer: pre-pass, walk, pre-pass, walk, ...
     const int64_t window = std::min(max_chunks, fit);
     for (int64_t c0 = 0; c0 < max_chunks; c0 += window) {

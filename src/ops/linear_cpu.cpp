@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/cpu_features.h"
+#include "core/env.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "ops/linear.h"
@@ -157,10 +158,7 @@ namespace {
 constexpr int64_t kChunkTiles = 64;  // row tiles per chunk of the dynamic split, at most
 
 bool diag_round_x_bf16() {
-  static const bool on = [] {
-    const char* v = std::getenv("K3_LINEAR_X_BF16");
-    return v && v[0] == '1';
-  }();
+  static const bool on = env_switch("K3_LINEAR_X_BF16", false);
   return on;
 }
 }  // namespace

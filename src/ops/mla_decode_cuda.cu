@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <string>
 #include <cstring>
 
+#include "core/env.h"
 #include "ops/cuda_util.cuh"
 #include "ops/mla_decode_cuda.cuh"
 
@@ -160,8 +162,8 @@ constexpr int64_t kWgMinRows = 16384;
 
 bool use_wgmma_kernel(const MlaDecodeParams& p) {
   static const int forced = [] {
-    const char* e = std::getenv("K3_MLA_KERNEL");
-    return !e ? -1 : std::strcmp(e, "wgmma") == 0 ? 1 : std::strcmp(e, "mma") == 0 ? 0 : -1;
+    const std::string e = env_value("K3_MLA_KERNEL");
+    return e == "wgmma" ? 1 : e == "mma" ? 0 : -1;
   }();
   return forced >= 0 ? forced == 1 : int64_t(p.n_seq) * p.max_ctx >= kWgMinRows;
 }

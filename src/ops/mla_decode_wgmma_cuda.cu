@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "core/env.h"
 #include "ops/cuda_util.cuh"
 #include "ops/mla_decode_cuda.cuh"
 #include "ops/mla_wgmma.cuh"
@@ -184,8 +185,7 @@ void launch_split_wgmma(const MlaDecodeParams& p, const Split& s, float* part_o,
   static const bool swap = [] {
     K3_CUDA_ASSERT(
         cudaFuncSetAttribute(mla_split_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-    const char* e = std::getenv("K3_MLA_WG_VDESC");
-    return e && e[0] == '1';
+    return env_switch("K3_MLA_WG_VDESC", false);
   }();
   const dim3 grid((p.n_head + kWgHeads - 1) / kWgHeads, s.n_split, p.n_seq);
   mla_split_wgmma<<<grid, kThreads, kSmem, st>>>(p, s.n_split, s.split_len, part_o, part_ml,
