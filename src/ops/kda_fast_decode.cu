@@ -32,7 +32,17 @@ namespace {
 #ifndef KDA_DECODE_MIN_BLOCKS  // CTAs per SM the register budget is sized for (2: no spills)
 #define KDA_DECODE_MIN_BLOCKS 2
 #endif
-constexpr int DK = 128, DV = 128, NT = 256, NW = NT / 32;
+#ifndef KDA_DECODE_NT  // threads per CTA of the one-CTA version (256 or 512)
+#define KDA_DECODE_NT 256
+#endif
+// Timing probes for the bench only (the output is wrong with any of them): 1 leaves out the state's store,
+// 2 its load (the state is a constant), 3 both. They place the b = 1 step's time (H200.md: time variants
+// that leave one stage out).
+#ifndef KDA_DECODE_PROBE
+#define KDA_DECODE_PROBE 0
+#endif
+constexpr int DK = 128, DV = 128, NT = KDA_DECODE_SPLIT ? 256 : KDA_DECODE_NT, NW = NT / 32;
+static_assert(NT == 256 || NT == 512, "the one-CTA decode kernel is written for 8 or 16 warps");
 [[maybe_unused]] constexpr int ROWS = DK / NW;  // rows per warp (one-CTA version)
 
 __device__ inline float bf16f(uint16_t x) {
@@ -82,7 +92,9 @@ __global__ void __launch_bounds__(NT, KDA_DECODE_MIN_BLOCKS) kda_decode_kernel(c
   float4* Sg = reinterpret_cast<float4*>(p.S + (size_t(slot) * H + h) * DK * DV);
   float4 s[ROWS];
 #pragma unroll
-  for (int i = 0; i < ROWS; ++i) s[i] = Sg[(warp * ROWS + i) * (DV / 4) + lane];
+  for (int i = 0; i < ROWS; ++i)
+    s[i] = KDA_DECODE_PROBE & 2 ? make_float4(1e-3f, 1e-3f, 1e-3f, 1e-3f)
+                                : Sg[(warp * ROWS + i) * (DV / 4) + lane];
   uint16_t win[NE][3];
 #pragma unroll
   for (int r = 0; r < NE; ++r) {
@@ -146,7 +158,7 @@ __global__ void __launch_bounds__(NT, KDA_DECODE_MIN_BLOCKS) kda_decode_kernel(c
     const float ka = x[1][a] * sk, qa = x[0][a] * sq;
     s[i].x += ka * u.x, s[i].y += ka * u.y, s[i].z += ka * u.z, s[i].w += ka * u.w;
     part.x += s[i].x * qa, part.y += s[i].y * qa, part.z += s[i].z * qa, part.w += s[i].w * qa;
-    Sg[a * (DV / 4) + lane] = s[i];
+    if (!(KDA_DECODE_PROBE & 1)) Sg[a * (DV / 4) + lane] = s[i];
   }
   reinterpret_cast<float4*>(red[1][warp])[lane] = part;
   __syncthreads();
