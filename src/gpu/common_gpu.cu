@@ -17,9 +17,10 @@ __global__ void round_bf16_kernel(float* x, int64_t n) {
   if (i < n) x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
 }
 
+template <bool ROUND>
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) y[i] += x[i];
+  if (i < n) y[i] = ROUND ? __bfloat162float(__float2bfloat16_rn(y[i] + x[i])) : y[i] + x[i];
 }
 
 __global__ void sigmoid_mul_kernel(float* z, const float* g, int64_t n) {
@@ -153,8 +154,12 @@ void rms_norm(const GpuCtx& c, const float* x, const float* w, float eps, int64_
   rms_norm_cuda(p, *c.g);
 }
 
-void add_inplace(const GpuCtx& c, float* y, const float* x, int64_t n) {
-  if (n > 0) add_kernel<<<blocks_for(n), kThreads, 0, c.stream()>>>(y, x, n);
+void add_inplace(const GpuCtx& c, float* y, const float* x, int64_t n, bool round) {
+  if (n <= 0) return;
+  if (round && c.bf16())
+    add_kernel<true><<<blocks_for(n), kThreads, 0, c.stream()>>>(y, x, n);
+  else
+    add_kernel<false><<<blocks_for(n), kThreads, 0, c.stream()>>>(y, x, n);
 }
 
 void sigmoid_mul_inplace(const GpuCtx& c, float* z, const float* g, int64_t n) {

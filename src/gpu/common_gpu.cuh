@@ -97,7 +97,8 @@ void rms_norm(const GpuCtx& c, const float* x, const float* w, float eps, int64_
               int64_t ldx = 0, int64_t ldy = 0);
 
 // Elementwise helpers (kernels in common_gpu.cu).
-void add_inplace(const GpuCtx& c, float* y, const float* x, int64_t n);          // y += x
+// y += x; round: then the bf16 rounding point in bf16 mode (c.rnd fused)
+void add_inplace(const GpuCtx& c, float* y, const float* x, int64_t n, bool round = false);
 void sigmoid_mul_inplace(const GpuCtx& c, float* z, const float* g, int64_t n);  // z *= sigmoid(g)
 void copy_rows(const GpuCtx& c, float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t n_row,
                int64_t n_col);  // dst[r, :n_col] = src[r, :n_col]

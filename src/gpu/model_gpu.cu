@@ -121,12 +121,13 @@ Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens
   std::vector<KdaSeqGpu> kseq(static_cast<size_t>(n_seq));
   std::vector<MlaSeqGpu> mseq(static_cast<size_t>(n_seq));
   std::vector<DevBuf> B;  // AttnRes: finished block sums (bf16), [n_tok, D] each
-  auto mix = [&](const float* q, float* out) {
+  auto sources = [&] {
     std::vector<const float*> src;
     for (const DevBuf& b : B) src.push_back(b.f());
     src.push_back(p.f());
-    return attn_res_mix_gpu(c, src, q, eps, n_tok, D, out);
+    return src;
   };
+  auto mix = [&](const float* q, float* out) { return attn_res_mix_gpu(c, sources(), q, eps, n_tok, D, out); };
   const bool ar = cfg_.uses_attn_res();
   auto inject = [&](int layer) -> Status {  // set_layer_inputs: the residual stream from outside
     const float* h = inject_ ? inject_(layer, n_tok * D) : nullptr;
@@ -139,12 +140,11 @@ Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens
     if (l > 0) K3_RETURN_IF_ERROR(inject(l - 1));
     // attention sub-layer
     const bool fresh = ar && l % cfg_.attn_res_block_size == 0;
-    const float* ain = p.f();
-    if (ar && l > 0) {
-      K3_RETURN_IF_ERROR(mix(lw.q_attn_res, a.f()));
-      ain = a.f();
-    }
-    rms_norm(c, ain, lw.input_layernorm, eps, n_tok, D, h.f());
+    if (ar && l > 0)
+      K3_RETURN_IF_ERROR(attn_res_norm_gpu(c, sources(), lw.q_attn_res, eps, n_tok, D, lw.input_layernorm, a.f(),
+                                           h.f()));
+    else
+      rms_norm(c, p.f(), lw.input_layernorm, eps, n_tok, D, h.f());
     c.cb("attn_norm", l, h.f(), n_tok * D);
     for (int64_t i = 0; i < n_seq; ++i) {
       GpuSeqState& st = *states[size_t(i)];
@@ -164,24 +164,21 @@ Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens
       p = std::move(o);
       K3_RETURN_IF_ERROR(o.alloc(c, n_tok * D));
     } else {
-      add_inplace(c, p.f(), o.f(), n_tok * D);
-      c.rnd(p.f(), n_tok * D);
+      add_inplace(c, p.f(), o.f(), n_tok * D, /*round=*/true);
     }
     // FFN sub-layer
-    const float* fin = p.f();
-    if (ar) {
-      K3_RETURN_IF_ERROR(mix(lw.q_mlp_res, a.f()));
-      fin = a.f();
-    }
-    rms_norm(c, fin, lw.post_attention_layernorm, eps, n_tok, D, h.f());
+    if (ar)
+      K3_RETURN_IF_ERROR(
+          attn_res_norm_gpu(c, sources(), lw.q_mlp_res, eps, n_tok, D, lw.post_attention_layernorm, a.f(), h.f()));
+    else
+      rms_norm(c, p.f(), lw.post_attention_layernorm, eps, n_tok, D, h.f());
     c.cb("ffn_norm", l, h.f(), n_tok * D);
     if (lw.moe)
       K3_RETURN_IF_ERROR(moe_forward_gpu(c, cfg_, lw.moe_w, h.f(), n_tok, o.f(), l));
     else
       K3_RETURN_IF_ERROR(ffn_forward_gpu(c, cfg_, lw.mlp, h.f(), n_tok, o.f()));
     c.cb("ffn_out", l, o.f(), n_tok * D);
-    add_inplace(c, p.f(), o.f(), n_tok * D);
-    c.rnd(p.f(), n_tok * D);
+    add_inplace(c, p.f(), o.f(), n_tok * D, /*round=*/true);
     c.cb("l_out", l, p.f(), n_tok * D);
     if (!guard.ok()) return guard;
     K3_RETURN_IF_ERROR(launch_status("layer loop"));

@@ -54,16 +54,17 @@ Status GpuModel::enqueue(StepRunner& r, const GpuCtx& c, std::span<GpuSeqState* 
   auto norm_piece = [&](const float* q, const float* w, const char* name, int l) {
     const bool mixed = ar && q != nullptr;
     return r.piece(GpuModule::norm, true, [&, src = mix_src(), q, w, name, l, mixed, pa = a.f(), ph = h.f()] {
-      if (mixed) K3_RETURN_IF_ERROR(attn_res_mix_gpu(c, src, q, eps, n_tok, D, pa));
-      rms_norm(c, mixed ? pa : src.back(), w, eps, n_tok, D, ph);
+      if (mixed)
+        K3_RETURN_IF_ERROR(attn_res_norm_gpu(c, src, q, eps, n_tok, D, w, pa, ph));
+      else
+        rms_norm(c, src.back(), w, eps, n_tok, D, ph);
       c.cb(name, l, ph, n_tok * D);
       return ok_status();
     });
   };
   auto add_piece = [&](const float* o, const char* name, int l) {  // partial sum += o (rounded)
     return r.piece(GpuModule::norm, true, [&, p = P(cur), o, name, l] {
-      add_inplace(c, p, o, n_tok * D);
-      c.rnd(p, n_tok * D);
+      add_inplace(c, p, o, n_tok * D, /*round=*/true);
       if (name) c.cb(name, l, p, n_tok * D);
       return ok_status();
     });
