@@ -3,7 +3,7 @@
 // batch 1 / 8 / 64 and contexts 4K / 32K / 128K against the byte floor, with the per-module breakdown.
 //
 //   bench_slice -m DIR [-m31 DIR] [--jsonl F] [--commit C] [--budget-s S] [--batches 1,8,64]
-//               [--contexts 4096,32768,131072] [--steps N] [--no-check] [--no-decode]
+//               [--contexts 4096,32768,131072] [--steps N] [--no-check] [--no-decode] [--profile-step]
 //
 // check (per model): 8 tokens, one prefill call. fp32: GPU logits vs CPU logits (goal NMSE <= 1e-6). bf16:
 //   every named intermediate of every layer vs the CPU's at the same rounding points, each GPU layer fed the
@@ -17,6 +17,8 @@
 //   (one expert's bytes x the expected distinct experts E (1 - (1 - k/E)^B) per MoE layer), B embedding
 //   rows, and per sequence the KDA states (fp32 S) and the attention cache in its K3 format (bf16 latent
 //   rows of 576; DSA: bf16 index keys of all T positions plus 576-wide rows of the top-k selected ones).
+// --profile-step: after the first combination's timings, one more eager step between cudaProfilerStart and
+//   cudaProfilerStop, for `ncu --profile-from-start off` (scripts/device/ncu_step.py sums its kernels).
 // Combinations run cheapest first; one whose single step would overrun --budget-s is skipped (said so).
 #include <cuda_runtime.h>
 
@@ -68,6 +70,7 @@ int main(int argc, char** argv) {
     else if (k == "--steps") a.steps = std::stoi(next());
     else if (k == "--no-check") a.check = false;
     else if (k == "--no-decode") a.decode = false;
+    else if (k == "--profile-step") a.profile_step = true;
     else {
       std::fprintf(stderr, "bench_slice: unknown argument %s\n", k.c_str());
       return 2;

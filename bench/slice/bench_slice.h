@@ -44,6 +44,7 @@ struct Args {
   std::vector<int64_t> batches = {1, 8, 64}, contexts = {4096, 32768, 131072};
   int steps = 5;
   bool check = true, decode = true;
+  bool profile_step = false;  // one more eager step of the first (B, T) between cudaProfilerStart / Stop
 };
 
 // The engine switches set in the environment (K3_*=...), space-separated, quotes and backslashes dropped:

@@ -1,5 +1,8 @@
 // bench_slice_run.cpp: one slice checkpoint: load, GPU = CPU checks, decode timings (bench_slice.cpp says
 // what each number is).
+#include <cuda_profiler_api.h>
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -132,6 +135,7 @@ void decode(const Args& a, Out& out, const std::string& name, const Checkpoint& 
               name.c_str(), w.dense / 1e9, w.expert_each / 1e6, w.embed_row / 1e3);
   std::mt19937 rng(5);
   gm.set_precision(Precision::bf16);
+  bool profiled = false;
   for (int64_t B : a.batches) {
     double prev_ms = 0, prev_T = 0;
     for (int64_t T : a.contexts) {
@@ -182,6 +186,14 @@ void decode(const Args& a, Out& out, const std::string& name, const Checkpoint& 
       gm.set_profile(&prof);
       step();
       gm.set_profile(nullptr);
+      if (a.profile_step && !profiled) {  // one eager step for a kernel profiler (--profile-step)
+        profiled = true;
+        cudaDeviceSynchronize();
+        cudaProfilerStart();
+        step();
+        cudaDeviceSynchronize();
+        cudaProfilerStop();
+      }
       gm.set_cuda_graph(true);
       const double floor_ms = step_bytes(c, w, B, T) / bw * 1e3, mg = median(tg), me = median(te);
       prev_ms = std::min(mg, me), prev_T = double(T);

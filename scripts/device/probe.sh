@@ -4,7 +4,11 @@
 #   2. ncu on the K3 decode check's launches of bench_moe (n_tok = 1: the gate/up and the down kernel);
 #   3. ncu on bench_kda decode: one b = 1 timing launch and one b = 64 launch (the TMA kernel);
 #   4. kda: bench_kda decode (checks vs fp64, then b = 1 / 64 timings, twice), with the defaults and with the
-#      persistent kernel (K3_KDA_DECODE_TMA=2).
+#      persistent kernel (K3_KDA_DECODE_TMA=2);
+#   6. kdapre: bench_kda quick (prefill and decode checks vs fp64, prefill T = 2048 / 8192 / 8 x 1024 and decode
+#      timings) with the default build and each bench_kdapre_<name> (e.g. -DKDA_PRE_INTRA_V=1, the old pre-pass);
+#   5. kdavar: bench_kda decode of every variant binary packed (bench_kda_<name>, built with KDA_FLAGS, e.g.
+#      the timing probes -DKDA_DECODE_PROBE=1/2/3 that leave out the state's store / load, or -DKDA_DECODE_NT=512).
 # PROBE="moe ncu_moe ncu_kda kda" picks steps (default: the first three). Writes $OUT/probe/run.log, moe_cuda.jsonl.
 #   here:   bash scripts/device/probe.sh --pack BUILD_BENCH_DIR   (bench_moe, bench_kda -> .carry/dev/probe)
 #   device: bash scripts/device/probe.sh
@@ -15,8 +19,9 @@ B=$here/.carry/dev/probe
 if [ "${1:-}" = "--pack" ]; then  # runs HERE
   build=${2:?bench build dir}
   rm -rf "$B" && mkdir -p "$B"
-  for f in bench_moe bench_kda; do cp "$build/$f" "$B/" && strip -s "$B/$f"; done
-  (cd "$B" && tar cJf bin.tar.xz bench_moe bench_kda && rm -f bench_moe bench_kda)
+  names=$(cd "$build" && ls bench_moe bench_kda bench_kda_* bench_kdapre_* 2>/dev/null)
+  for f in $names; do cp "$build/$f" "$B/" && strip -s "$B/$f"; done
+  (cd "$B" && tar cJf bin.tar.xz $names && rm -f $names)
   git rev-parse --short HEAD >"$B/COMMIT"
   du -sh "$B"
   exit 0
@@ -56,6 +61,18 @@ commit=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
     timeout 40 "$B/bench_kda" "$out/kda_cuda.json" decode 2>&1 | grep -v conv_mismatch
     echo "== bench_kda decode, K3_KDA_DECODE_TMA=2: the persistent kernel ($(el))"
     K3_KDA_DECODE_TMA=2 timeout 40 "$B/bench_kda" "$out/kda_cuda_ring.json" decode 2>&1 | grep -v conv_mismatch
+  fi
+  if on kdapre; then
+    for v in "$B"/bench_kda "$B"/bench_kdapre_*; do
+      echo "== $(basename "$v") quick ($(el))"
+      timeout 60 "$v" "$out/$(basename "$v")_quick.json" quick 2>&1 | grep -v conv_mismatch | cut -c1-200
+    done
+  fi
+  if on kdavar; then
+    for v in "$B"/bench_kda_*; do
+      echo "== $(basename "$v") decode ($(el))"
+      timeout 40 "$v" "$out/$(basename "$v").json" decode 2>&1 | grep -v conv_mismatch | grep -E "decode_b|check" | cut -c1-200
+    done
   fi
   echo "== done ($(el))"
 } >"$out/run.log" 2>&1

@@ -5,7 +5,9 @@
 #   2. bench_kda quick (prefill and decode checks against fp64, then timings) with the defaults;
 #   3. test-ops, the CUDA cases of the MLA decode kernels (both picked by size now);
 #   4. the K3 and K3.1 slices: bench_slice's GPU = CPU checks and decode timings at B = 1 / 64, T = 4K / 128K
-#      with the defaults (K3.1: DSA over ops/mla_sparse.h), then K3's with K3_MLA_FAST=0 (the generic MLA).
+#      with the defaults (K3.1: DSA over ops/mla_sparse.h), then K3's with K3_MLA_FAST=0 (the generic MLA);
+#   5. ncu_step: Nsight Compute over one eager K3 decode step (bench_slice --profile-step) at B = 1 and 64,
+#      T = 4K: every kernel's time and DRAM bytes, summed by kernel (scripts/device/ncu_step.py).
 # Writes $OUT/validate/run.log, tests.log (the whole k3_tests output) and slice.jsonl.
 #   here:   bash scripts/device/validate.sh --pack BUILD   (BUILD/{tests/k3_tests,bench_slice,test-ops,
 #           bench/bench_kda} + the non-CUDA shared libraries + COMMIT -> .carry/dev/validate)
@@ -39,7 +41,7 @@ trap 'rm -rf "$S"' EXIT
 trap 'rm -rf "$S"; exit 124' TERM INT
 t0=$SECONDS
 el() { echo "t=$((SECONDS - t0)) s"; }
-STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests kda ops slice31 slice mla
+STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests kda ops slice31 slice mla ncu_step
 on() { [[ " $STEPS " == *" $1 "* ]]; }
 {
   echo "commit $(cat "$B/COMMIT" 2>/dev/null), steps: ${STEPS}"
@@ -58,7 +60,7 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
       timeout 15 "$B/test-ops" test -o "$op" -b cuda -v 2>&1 | tail -4
     done
   fi
-  if on slice31 || on slice || on mla; then
+  if on slice31 || on slice || on mla || on ncu_step; then
     rm -rf "$S" && mkdir -p "$S"
     echo "== K3 slice ($(el))"
     timeout 50 python3 scripts/make_k3_slice.py --out "$S/k3" --jobs "$(nproc)" 2>&1 | tail -1
@@ -79,6 +81,19 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
     K3_MLA_FAST=0 timeout 50 "$B/bench_slice" -m "$S/k3" --no-check --batches 1,64 --contexts 4096,131072 \
       --budget-s 40 --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)+K3_MLA_FAST=0" 2>&1 |
       grep -E 'B=|graphs'
+  fi
+  if on ncu_step && command -v ncu >/dev/null; then
+    for b in ${NCU_BATCHES:-1 64}; do
+      echo "== ncu over one eager K3 decode step, B=$b T=4K ($(el))"
+      timeout 150 ncu --profile-from-start off --clock-control none --csv --page raw --print-units base \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size \
+        "$B/bench_slice" -m "$S/k3" --no-check --batches "$b" --contexts 4096 --steps 2 --profile-step \
+        --budget-s 100 >"$out/ncu_step_b$b.csv" 2>&1
+      echo "rc=$?"
+      grep -E 'B=' "$out/ncu_step_b$b.csv" | cut -c1-400
+      python3 scripts/device/ncu_step.py "$out/ncu_step_b$b.csv" --each >"$out/ncu_step_b$b.txt" 2>&1
+      head -40 "$out/ncu_step_b$b.txt"
+    done
   fi
   echo "== done ($(el))"
 } >"$out/run.log" 2>&1
