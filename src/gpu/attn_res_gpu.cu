@@ -4,8 +4,8 @@
 //   out = bf16(sum_i alpha_i V_i)                                   per token, fp32 inside
 // One block per token; the n source pointers (n = finished blocks + 1, at most kMaxSources) travel by value.
 //
-// attn_res_norm_gpu: the mix and the RMSNorm that follows it (the layer's input norm) in one kernel, for up to
-// kFastSources sources: one pass over the sources for every dot product and sum of squares (one block
+// attn_res_norm_gpu: the mix and the RMSNorm that follows it (the layer's input norm) in one kernel, for up
+// to kFastSources sources: one pass over the sources for every dot product and sum of squares (one block
 // reduction of 2n values instead of 2n in turn), then the mix, its sum of squares and the norm:
 //   a = mix (rounding as above);  y = RMSNorm(a; w) with rms_norm.h's rounding points
 // At one token the model's norms were single-CTA kernels with 2n dependent reductions (session 6). OPT-IN
@@ -69,9 +69,9 @@ __global__ void attn_res_kernel(Sources src, const float* q, float eps, int64_t 
 constexpr int kFastSources = 16;
 constexpr int kNormThreads = 512;
 
-__global__ void __launch_bounds__(kNormThreads) attn_res_norm_kernel(Sources src, const float* q, float eps,
-                                                                     int64_t D, const float* w, float* a,
-                                                                     float* y, bool bf16) {
+__global__ void __launch_bounds__(kNormThreads)
+    attn_res_norm_kernel(Sources src, const float* q, float eps, int64_t D, const float* w, float* a,
+                         float* y, bool bf16) {
   __shared__ float red[kNormThreads / 32][2 * kFastSources];
   __shared__ float tot[2 * kFastSources + 1];
   const int64_t t = blockIdx.x;
@@ -139,7 +139,8 @@ __global__ void __launch_bounds__(kNormThreads) attn_res_norm_kernel(Sources src
   const float r = 1.0f / sqrtf(tot[2 * kFastSources] / float(D) + eps);
   for (int64_t d = threadIdx.x; d < D; d += kNormThreads) {  // this thread's own a values
     const float x = a[t * D + d], wd = w ? w[d] : 1.f;
-    y[t * D + d] = bf16 ? (w ? round_bf16_dev(round_bf16_dev(x * r) * wd) : round_bf16_dev(x * r)) : x * r * wd;
+    y[t * D + d] =
+        bf16 ? (w ? round_bf16_dev(round_bf16_dev(x * r) * wd) : round_bf16_dev(x * r)) : x * r * wd;
   }
 }
 
@@ -158,7 +159,8 @@ Status attn_res_norm_gpu(const GpuCtx& c, const std::vector<const float*>& sourc
   Sources s{};
   s.n = int(sources.size());
   for (int i = 0; i < s.n; ++i) s.v[i] = sources[size_t(i)];
-  attn_res_norm_kernel<<<unsigned(n_tok), kNormThreads, 0, c.stream()>>>(s, q, eps, d_model, w, a, y, c.bf16());
+  attn_res_norm_kernel<<<unsigned(n_tok), kNormThreads, 0, c.stream()>>>(s, q, eps, d_model, w, a, y,
+                                                                         c.bf16());
   return launch_status("attn_res_norm");
 }
 

@@ -56,7 +56,8 @@ Status moe_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MoeWeights
 // Block AttnRes: out = bf16(sum_i softmax_i(q . V_i rsqrt(mean V_i^2 + eps)) V_i) over the sources.
 Status attn_res_mix_gpu(const GpuCtx& c, const std::vector<const float*>& sources, const float* q, float eps,
                         int64_t n_tok, int64_t d_model, float* out);
-// The mix followed by RMSNorm(a; w, eps) (the norm before each sub-layer): a = the mix (written), y = the norm.
+// The mix followed by RMSNorm(a; w, eps) (the norm before each sub-layer): a = the mix (written), y = the
+// norm.
 Status attn_res_norm_gpu(const GpuCtx& c, const std::vector<const float*>& sources, const float* q, float eps,
                          int64_t n_tok, int64_t d_model, const float* w, float* a, float* y);
 

@@ -127,7 +127,9 @@ Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens
     src.push_back(p.f());
     return src;
   };
-  auto mix = [&](const float* q, float* out) { return attn_res_mix_gpu(c, sources(), q, eps, n_tok, D, out); };
+  auto mix = [&](const float* q, float* out) {
+    return attn_res_mix_gpu(c, sources(), q, eps, n_tok, D, out);
+  };
   const bool ar = cfg_.uses_attn_res();
   auto inject = [&](int layer) -> Status {  // set_layer_inputs: the residual stream from outside
     const float* h = inject_ ? inject_(layer, n_tok * D) : nullptr;
@@ -141,8 +143,8 @@ Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens
     // attention sub-layer
     const bool fresh = ar && l % cfg_.attn_res_block_size == 0;
     if (ar && l > 0)
-      K3_RETURN_IF_ERROR(attn_res_norm_gpu(c, sources(), lw.q_attn_res, eps, n_tok, D, lw.input_layernorm, a.f(),
-                                           h.f()));
+      K3_RETURN_IF_ERROR(
+          attn_res_norm_gpu(c, sources(), lw.q_attn_res, eps, n_tok, D, lw.input_layernorm, a.f(), h.f()));
     else
       rms_norm(c, p.f(), lw.input_layernorm, eps, n_tok, D, h.f());
     c.cb("attn_norm", l, h.f(), n_tok * D);
@@ -168,8 +170,8 @@ Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens
     }
     // FFN sub-layer
     if (ar)
-      K3_RETURN_IF_ERROR(
-          attn_res_norm_gpu(c, sources(), lw.q_mlp_res, eps, n_tok, D, lw.post_attention_layernorm, a.f(), h.f()));
+      K3_RETURN_IF_ERROR(attn_res_norm_gpu(c, sources(), lw.q_mlp_res, eps, n_tok, D,
+                                           lw.post_attention_layernorm, a.f(), h.f()));
     else
       rms_norm(c, p.f(), lw.post_attention_layernorm, eps, n_tok, D, h.f());
     c.cb("ffn_norm", l, h.f(), n_tok * D);
