@@ -18,6 +18,7 @@
 
 #include "core/cuda_check.h"
 #include "ops/kda_fast.h"
+#include "ops/kda_fast_prefill.cuh"  // kdapre::invert_diag
 
 namespace k3 {
 namespace {
@@ -330,16 +331,7 @@ __device__ void invert(float* sm) {
   }
 #else
   if (tid < 64) {
-    const int a = tid >> 4, c = tid & 15;
-    float x[16];
-#pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      float s = r == c ? 1.f : 0.f;
-#pragma unroll
-      for (int j = 0; j < r; ++j) s -= L[(16 * a + r) * LDC + 16 * a + j] * x[j];
-      x[r] = s;
-      T[(16 * a + r) * LDC + 16 * a + c] = s;
-    }
+    kdapre::invert_diag<LDC>(L, T);
   } else {
     for (int e = tid - 64; e < 6 * 256; e += NT - 64) {  // blocks above the diagonal are zero
       const int blk = e >> 8, r = (e >> 4) & 15, c = e & 15;

@@ -40,6 +40,22 @@ constexpr int OFF_TF = OFF_AF + C * C / 2, OFF_DC = OFF_TF + C * C / 2, CHUNK_WO
 constexpr size_t CHUNK_BYTES = size_t(CHUNK_WORDS) * 4;  // 66,048 bytes per (chunk, head)
 
 // uint4 index of the k-step pair p of tile `tile` (n_pair pairs per tile) for this lane.
+// T_aa = (I + L_aa)^-1 of the four 16x16 diagonal blocks of a unit lower triangular 64x64 L (row stride
+// LD), by forward substitution: threads 0-63, one column c of block a each (the caller guards tid < 64).
+template <int LD>
+__device__ __forceinline__ void invert_diag(const float* L, float* T) {
+  const int tid = threadIdx.x;
+  const int a = tid >> 4, c = tid & 15;
+  float x[16];
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    float s = r == c ? 1.f : 0.f;
+#pragma unroll
+    for (int j = 0; j < r; ++j) s -= L[(16 * a + r) * LD + 16 * a + j] * x[j];
+    x[r] = s;
+    T[(16 * a + r) * LD + 16 * a + c] = s;
+  }
+}
 __device__ __forceinline__ int frag_at(int tile, int pair, int n_pair, int lane) {
   return (tile * n_pair + pair) * 32 + lane;
 }

@@ -39,22 +39,28 @@ constexpr int NT = 256, NW = NT / 32;
 constexpr int LDB = 136;  // B operands given [k][n]
 constexpr int LDC = 68;   // 64 x 64 matrices L, T
 
-// T = (I + L)^-1 (unit lower triangular), 16x16 blocks: T_aa by substitution (threads 0-63, one column
-// each; invert_diag), then T_ab = -T_aa sum_{c=b}^{a-1} L_ac T_cb by distance a - b (invert_off, all
-// threads, after a barrier). Blocks above the diagonal are never read.
-__device__ __forceinline__ void invert_diag(const float* L, float* T) {
-  const int tid = threadIdx.x;
-  const int a = tid >> 4, c = tid & 15;
-  float x[16];
+// s + sum_x row[x] col[x ld], x = 0..15 in order; VEC reads row 4 at a time (the same products, same order)
+template <bool VEC>
+__device__ __forceinline__ float dot16(const float* row, const float* col, int ld, float s) {
+  if constexpr (VEC) {
 #pragma unroll
-  for (int r = 0; r < 16; ++r) {
-    float s = r == c ? 1.f : 0.f;
+    for (int x = 0; x < 16; x += 4) {
+      const float4 r4 = *reinterpret_cast<const float4*>(row + x);
+      s += r4.x * col[x * ld];
+      s += r4.y * col[(x + 1) * ld];
+      s += r4.z * col[(x + 2) * ld];
+      s += r4.w * col[(x + 3) * ld];
+    }
+  } else {
 #pragma unroll
-    for (int j = 0; j < r; ++j) s -= L[(16 * a + r) * LDC + 16 * a + j] * x[j];
-    x[r] = s;
-    T[(16 * a + r) * LDC + 16 * a + c] = s;
+    for (int x = 0; x < 16; ++x) s += row[x] * col[x * ld];
   }
+  return s;
 }
+
+// T = (I + L)^-1 (unit lower triangular), 16x16 blocks: T_aa by substitution (threads 0-63, one column
+// each; invert_diag in kda_fast_prefill.cuh), then T_ab = -T_aa sum_{c=b}^{a-1} L_ac T_cb by distance
+// a - b (invert_off, all threads, after a barrier). Blocks above the diagonal are never read.
 // P_b (16 x 16, row stride LDP) = P0 + b * P_STEP, b = 0..2: the products sum_c L_ac T_cb of one level.
 // VEC reads the row operands (L_ac, T_aa) 4 at a time; the products and their order are the same.
 template <int LDP, int P_STEP, bool VEC>
@@ -66,44 +72,14 @@ __device__ void invert_off(const float* L, float* T, float* P0) {
       const int a = b + dist;
       float s = 0.f;
       for (int cc = b; cc < a; ++cc) {
-        const float* l = L + (16 * a + r) * LDC + 16 * cc;
-        const float* tc = T + 16 * cc * LDC + 16 * b + c;
-        if constexpr (VEC) {
-#pragma unroll
-          for (int x = 0; x < 16; x += 4) {
-            const float4 l4 = *reinterpret_cast<const float4*>(l + x);
-            s += l4.x * tc[x * LDC];
-            s += l4.y * tc[(x + 1) * LDC];
-            s += l4.z * tc[(x + 2) * LDC];
-            s += l4.w * tc[(x + 3) * LDC];
-          }
-        } else {
-#pragma unroll
-          for (int x = 0; x < 16; ++x) s += l[x] * tc[x * LDC];
-        }
+        s = dot16<VEC>(L + (16 * a + r) * LDC + 16 * cc, T + 16 * cc * LDC + 16 * b + c, LDC, s);
       }
       P0[b * P_STEP + r * LDP + c] = s;
     }
     __syncthreads();
     for (int b = 0; b + dist < 4; ++b) {
       const int a = b + dist;
-      const float* ta = T + (16 * a + r) * LDC + 16 * a;
-      const float* pb = P0 + b * P_STEP + c;
-      float s = 0.f;
-      if constexpr (VEC) {
-#pragma unroll
-        for (int x = 0; x < 16; x += 4) {
-          const float4 t4 = *reinterpret_cast<const float4*>(ta + x);
-          s += t4.x * pb[x * LDP];
-          s += t4.y * pb[(x + 1) * LDP];
-          s += t4.z * pb[(x + 2) * LDP];
-          s += t4.w * pb[(x + 3) * LDP];
-        }
-      } else {
-#pragma unroll
-        for (int x = 0; x < 16; ++x) s += ta[x] * pb[x * LDP];
-      }
-      T[(16 * a + r) * LDC + 16 * b + c] = -s;
+      T[(16 * a + r) * LDC + 16 * b + c] = -dot16<VEC>(T + (16 * a + r) * LDC + 16 * a, P0 + b * P_STEP + c, LDP, 0.f);
     }
     __syncthreads();
   }
@@ -287,7 +263,7 @@ __global__ void __launch_bounds__(NT, 2)
   // Threads 0-63: the diagonal inverses. The others meanwhile: Qe and Kd^T fragments straight to the
   // scratch, Bk = beta exp(G) k into R1 (Kc is dead).
   if (tid < 64) {
-    invert_diag(sm + R2, sm + R3);
+    invert_diag<LDC>(sm + R2, sm + R3);
   } else {
     constexpr int NE = NT - 64;
     const int te = tid - 64;
@@ -542,7 +518,7 @@ __global__ void __launch_bounds__(NT, 3)
   block_al<3>(sm, x, scr, Rprev);
   // P2: threads 0-63 the diagonal inverses; the others Bk (Kc is dead), (block, channel) units u = 128 a + d.
   if (tid < 64) {
-    invert_diag(sm + LL, sm + QT);
+    invert_diag<LDC>(sm + LL, sm + QT);
   } else {
     for (int u = tid - 64; u < 4 * DK; u += NT - 64) bk_block(sm, x, u >> 7, u & 127);
   }
