@@ -64,12 +64,14 @@ commit=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
   fi
   if on kdapre; then
     for v in "$B"/bench_kda "$B"/bench_kdapre_*; do
+      [ -x "$v" ] || continue  # an unmatched pattern
       echo "== $(basename "$v") quick ($(el))"
       timeout 60 "$v" "$out/$(basename "$v")_quick.json" quick 2>&1 | grep -v conv_mismatch | cut -c1-200
     done
   fi
   if on kdavar; then
     for v in "$B"/bench_kda_*; do
+      [ -x "$v" ] || continue
       echo "== $(basename "$v") decode ($(el))"
       timeout 40 "$v" "$out/$(basename "$v").json" decode 2>&1 | grep -v conv_mismatch | grep -E "decode_b|check" | cut -c1-200
     done
