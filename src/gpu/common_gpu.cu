@@ -20,7 +20,7 @@ __global__ void round_bf16_kernel(float* x, int64_t n) {
 template <bool ROUND>
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = ROUND ? __bfloat162float(__float2bfloat16_rn(y[i] + x[i])) : y[i] + x[i];
+  if (i < n) y[i] = ROUND ? round_bf16_dev(y[i] + x[i]) : y[i] + x[i];
 }
 
 __global__ void sigmoid_mul_kernel(float* z, const float* g, int64_t n) {
