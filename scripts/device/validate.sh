@@ -6,7 +6,9 @@
 #   3. test-ops, the CUDA cases of the MLA decode kernels (both picked by size now);
 #   4. the K3 and K3.1 slices: bench_slice's GPU = CPU checks and decode timings at B = 1 / 64, T = 4K / 128K
 #      with the defaults (K3.1: DSA over ops/mla_sparse.h), then K3's with K3_MLA_FAST=0 (the generic MLA);
-#   5. ncu_step: Nsight Compute over one eager K3 decode step (bench_slice --profile-step) at B = 1 and 64,
+#   5. fused: the opt-in fused AttnRes mix + RMSNorm (K3_ATTN_RES_NORM_FUSED=1): every GPU test, then the K3
+#      slice's GPU = CPU checks and decode timings at T = 4K with it and without it;
+#   6. ncu_step: Nsight Compute over one eager K3 decode step (bench_slice --profile-step) at B = 1 and 64,
 #      T = 4K: every kernel's time and DRAM bytes, summed by kernel (scripts/device/ncu_step.py).
 # Writes $OUT/validate/run.log, tests.log (the whole k3_tests output) and slice.jsonl.
 #   here:   bash scripts/device/validate.sh --pack BUILD   (BUILD/{tests/k3_tests,bench_slice,test-ops,
@@ -41,7 +43,7 @@ trap 'rm -rf "$S"' EXIT
 trap 'rm -rf "$S"; exit 124' TERM INT
 t0=$SECONDS
 el() { echo "t=$((SECONDS - t0)) s"; }
-STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests kda ops slice31 slice mla ncu_step
+STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests kda ops slice31 slice mla fused ncu_step
 on() { [[ " $STEPS " == *" $1 "* ]]; }
 {
   echo "commit $(cat "$B/COMMIT" 2>/dev/null), steps: ${STEPS}"
@@ -60,7 +62,7 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
       timeout 15 "$B/test-ops" test -o "$op" -b cuda -v 2>&1 | tail -4
     done
   fi
-  if on slice31 || on slice || on mla || on ncu_step; then
+  if on slice31 || on slice || on mla || on fused || on ncu_step; then
     rm -rf "$S" && mkdir -p "$S"
     echo "== K3 slice ($(el))"
     timeout 50 python3 scripts/make_k3_slice.py --out "$S/k3" --jobs "$(nproc)" 2>&1 | tail -1
@@ -81,6 +83,17 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
     K3_MLA_FAST=0 timeout 50 "$B/bench_slice" -m "$S/k3" --no-check --batches 1,64 --contexts 4096,131072 \
       --budget-s 40 --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)+K3_MLA_FAST=0" 2>&1 |
       grep -E 'B=|graphs'
+  fi
+  if on fused; then
+    echo "== k3_tests *Gpu*, K3_ATTN_RES_NORM_FUSED=1 ($(el))"
+    K3_ATTN_RES_NORM_FUSED=1 timeout 60 "$B/k3_tests" --gtest_filter='*Gpu*' >"$out/tests_fused.log" 2>&1
+    grep -E '^\[  (PASSED|FAILED) |^\[  FAILED  \]|Failure|actual|assert' "$out/tests_fused.log" | tail -30
+    for f in 0 1; do
+      echo "== bench_slice K3 B=1,64 T=4K, K3_ATTN_RES_NORM_FUSED=$f ($(el))"
+      K3_ATTN_RES_NORM_FUSED=$f timeout 60 "$B/bench_slice" -m "$S/k3" --batches 1,64 --contexts 4096 \
+        --budget-s 40 --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)+K3_ATTN_RES_NORM_FUSED=$f" \
+        2>&1 | grep -E 'NMSE|over|B=|graphs'
+    done
   fi
   if on ncu_step && command -v ncu >/dev/null; then
     for b in ${NCU_BATCHES:-1 64}; do
