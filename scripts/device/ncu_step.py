@@ -17,6 +17,7 @@ import sys
 
 
 def short(name):
+    name = re.sub(r"<?unnamed>::", "", name)  # ncu's spelling of an anonymous namespace
     name = re.sub(r"\(.*$", "", name)  # parameters
     depth, out = 0, ""
     for ch in name:  # template arguments
@@ -37,13 +38,17 @@ def main():
     with open(args[0], newline="") as f:
         lines = [l for l in f if l.startswith('"')]  # drop ==PROF== and program output
     reader = csv.DictReader(lines)
+
+    def num(r, key):  # ncu writes thousands separators ("8,512")
+        return float((r.get(key) or "0").replace(",", ""))
+
     for r in reader:
         try:
-            t = float(r["gpu__time_duration.sum"])  # ns
-        except (KeyError, ValueError):
+            t = num(r, "gpu__time_duration.sum")  # ns
+        except ValueError:
             continue  # the units row
-        rd = float(r.get("dram__bytes_read.sum") or 0)
-        wr = float(r.get("dram__bytes_write.sum") or 0)
+        rd = num(r, "dram__bytes_read.sum")
+        wr = num(r, "dram__bytes_write.sum")
         rows.append((short(r["Kernel Name"]), t / 1e3, (rd + wr) / 1e6, r.get("launch__grid_size", ""),
                      r.get("launch__block_size", "")))
     if not rows:

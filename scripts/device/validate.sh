@@ -6,8 +6,8 @@
 #   3. test-ops, the CUDA cases of the MLA decode kernels (both picked by size now);
 #   4. the K3 and K3.1 slices: bench_slice's GPU = CPU checks and decode timings at B = 1 / 64, T = 4K / 128K
 #      with the defaults (K3.1: DSA over ops/mla_sparse.h), then K3's with K3_MLA_FAST=0 (the generic MLA);
-#   5. fused: the opt-in fused AttnRes mix + RMSNorm (K3_ATTN_RES_NORM_FUSED=1): every GPU test, then the K3
-#      slice's GPU = CPU checks and decode timings at T = 4K with it and without it;
+#   5. fused: the fused AttnRes mix + RMSNorm (K3_ATTN_RES_NORM_FUSED=1, the default): every GPU test, then the
+#      K3 slice's GPU = CPU checks and decode timings at T = 4K with it and without it;
 #   6. ncu_step: Nsight Compute over one eager K3 decode step (bench_slice --profile-step) at B = 1 and 64,
 #      T = 4K: every kernel's time and DRAM bytes, summed by kernel (scripts/device/ncu_step.py).
 # Writes $OUT/validate/run.log, tests.log (the whole k3_tests output) and slice.jsonl.
