@@ -17,6 +17,11 @@ __global__ void round_bf16_kernel(float* x, int64_t n) {
   if (i < n) x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
 }
 
+__global__ void f32_to_bf16_kernel(uint16_t* y, const float* x, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+}
+
 template <bool ROUND>
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -129,13 +134,8 @@ void linear(const GpuCtx& c, const LinearWeight& W, const float* x, int64_t n_to
   p.y = y;
   p.ldy = ldy;
   p.x_precision = x_exact ? Precision::fp32 : c.prec;
+  p.round_bf16 = round && c.bf16();
   linear_cuda(W, p, *c.g);
-  if (round && c.bf16()) {
-    if (ldy == 0 || ldy == W.out)
-      c.rnd(y, n_tok * W.out);
-    else
-      for (int64_t t = 0; t < n_tok; ++t) c.rnd(y + t * ldy, W.out);
-  }
 }
 
 void rms_norm(const GpuCtx& c, const float* x, const float* w, float eps, int64_t n_row, int64_t d, float* y,
@@ -160,6 +160,10 @@ void add_inplace(const GpuCtx& c, float* y, const float* x, int64_t n, bool roun
     add_kernel<true><<<blocks_for(n), kThreads, 0, c.stream()>>>(y, x, n);
   else
     add_kernel<false><<<blocks_for(n), kThreads, 0, c.stream()>>>(y, x, n);
+}
+
+void to_bf16_bits(cudaStream_t stream, const float* x, int64_t n, uint16_t* y) {
+  if (n > 0) f32_to_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, x, n);
 }
 
 void sigmoid_mul_inplace(const GpuCtx& c, float* z, const float* g, int64_t n) {

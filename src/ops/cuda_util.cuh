@@ -85,6 +85,17 @@ inline int row_threads(int64_t d) {
   return t;
 }
 
+// Streaming multiprocessors of the current device (read once per process).
+inline int device_sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    K3_CUDA_ASSERT(cudaGetDevice(&dev));
+    K3_CUDA_ASSERT(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
 inline unsigned blocks_for(int64_t n, int threads) {
   return unsigned((n + threads - 1) / threads);
 }

@@ -4,7 +4,8 @@
 //
 // W is bf16, f16, f32 or fp8 e4m3 [out, in], or MXFP4 (weight_packed u8 [out, in/2], low nibble = even
 // column; weight_scale E8M0 [out, in/32]) decoded inside the inner loop, never expanded to a full copy.
-// Rounding the output to bf16 (the model's rounding point) is the caller's business.
+// LinearParams::round_bf16 rounds y to bf16 (kept in fp32) after the sum: the model's rounding point, fused
+// into the GPU's decode GEMV.
 //
 // LinearParams adds row strides (x and y rows may be views into wider buffers) and the input precision:
 // Precision::bf16 promises every x value is already bf16-rounded (round_bf16_inplace), which lets the fast
@@ -38,6 +39,7 @@ struct LinearParams {
   float* y = nullptr;        // [n_tok, out], row stride ldy (>= out)
   int64_t ldy = 0;           // 0 means out
   Precision x_precision = Precision::fp32;  // bf16: x values are bf16-rounded, the bf16 dot path is allowed
+  bool round_bf16 = false;                   // y[t, o] = bf16(sum) (kept in fp32)
 };
 
 void linear_ref(const LinearWeight& W, const LinearParams& p);

@@ -222,6 +222,9 @@ void linear_cpu(const LinearWeight& W, const LinearParams& p, ThreadPool* pool) 
       sp->rows(*sp->j, b * kRowTile, std::min(sp->j->W->out, e * kRowTile));
     }
   });
+  if (p.round_bf16)
+    for (int64_t t = 0; t < p.n_tok; ++t)
+      for (int64_t o = 0; o < W.out; ++o) j.y[t * j.ldy + o] = round_bf16(j.y[t * j.ldy + o]);
 }
 
 void linear_cpu(const LinearWeight& W, const float* x, float* y, int64_t n_tok, ThreadPool* pool) {

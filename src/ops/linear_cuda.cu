@@ -1,9 +1,10 @@
 // linear_cuda.cu: y = W x on the GPU (linear.h) for every weight dtype, fp32 accumulation everywhere.
 //
-//   n_tok <= 8 (decode): a GEMV that decodes W in registers, one warp per output row, each lane loading
+//   n_tok <= 8 (decode): a GEMV that decodes W in registers, each thread loading
 //       8 weights at a time (16 bytes bf16 / f16, 8 fp8, 4 MXFP4; 4 f32 in 16 bytes) and the matching
 //       32 bytes of x per token; per load a partial sum (MXFP4: partial * 2^(e-127), exact like the CPU's
 //       per-group scaling); rows not aligned to the load width take a scalar loop. x is L1/L2 resident.
+//       One CTA per group of 1 or 4 rows (gemv_launch), the CTA's threads splitting the row.
 //   n_tok > 8 (prefill), cuBLAS GemmEx, column-major view: y^T [out, n_tok] = W [in, out]^T x^T [in, n_tok]:
 //       bf16 mode (x bf16-exact) with bf16 / fp8 / MXFP4 weights: x -> bf16 copy, W -> bf16 tile (fp8 and
 //           e2m1 * 2^(e-127) are exact in bf16), bf16 x bf16 -> fp32 with CUBLAS_COMPUTE_32F;
@@ -28,7 +29,7 @@ using namespace cuda_ops;
 
 enum class WK { f32, bf16, f16, fp8, mxfp4 };
 
-constexpr int kGemvMaxTok = 8, kGemvWarps = 8;
+constexpr int kGemvMaxTok = 8, kGemvThreads = 256;
 
 // One lane's weight load in the GEMV: a 4 to 16-byte word holding E weights. E = 8 (4 for f32) for every
 // dtype, so a lane reads 32 contiguous bytes of x per token and the warp's x reads stay dense (an MXFP4
@@ -119,58 +120,109 @@ struct GemvArgs {
   int64_t ldy;
   int n_tok;
   bool x_vec;  // x and ldx allow float4 loads
+  bool round;  // y rounded to bf16 (kept in fp32)
 };
 
-template <WK K, bool VEC>
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemvArgs a) {
-  const int lane = threadIdx.x & 31;
-  const int64_t o = int64_t(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
-  if (o >= a.out) return;
-  float acc[kGemvMaxTok];
+// One CTA takes R output rows at a time (row group g = blockIdx.x, + gridDim.x, ...: every CTA gets the same
+// number of groups to within one) and its kGemvThreads threads split the group's chunks: thread i loads chunk
+// i, i + kGemvThreads, ... of each of the R rows (R independent loads per step) and the matching x once for
+// all R rows. Partial sums: a warp sum, then the warps' partials in warp order (fixed order: the result of a
+// token does not depend on n_tok or on the grid). NT: the tokens the accumulators hold (1, or kGemvMaxTok
+// with n_tok <= NT at run time).
+template <WK K, bool VEC, int R, int NT>
+__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
+  constexpr int kWarps = kGemvThreads / 32;
+  __shared__ float part[kWarps][R * NT];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n_tok = NT == 1 ? 1 : a.n_tok;
+  const int64_t n_group = (a.out + R - 1) / R;
+  for (int64_t g = blockIdx.x; g < n_group; g += gridDim.x) {
+    const int64_t o0 = g * R;
+    int64_t row[R];  // a short last group re-reads its last row and drops the sums
 #pragma unroll
-  for (int t = 0; t < kGemvMaxTok; ++t) acc[t] = 0.f;
-  if constexpr (VEC) {
-    using T = typename Chunk<K>::T;
-    constexpr int E = Chunk<K>::E;
-    const T* wrow = reinterpret_cast<const T*>(static_cast<const uint8_t*>(a.w) + o * a.row_bytes);
-    const uint8_t* srow = K == WK::mxfp4 ? a.scale + o * (a.in / 32) : nullptr;
-    const int64_t n_chunk = a.in / E;
-#pragma unroll 4
-    for (int64_t v = lane; v < n_chunk; v += 32) {
-      float w[E];
-      decode_chunk<K>(__ldg(wrow + v), w);
-      const float sc = K == WK::mxfp4 ? e8m0(__ldg(srow + v * E / 32)) : 1.f;
+    for (int r = 0; r < R; ++r) row[r] = o0 + r < a.out ? o0 + r : a.out - 1;
+    float acc[R][NT];
 #pragma unroll
-      for (int t = 0; t < kGemvMaxTok; ++t) {
-        if (t >= a.n_tok) break;
-        const float* x = a.x + t * a.ldx + v * E;
-        float part = 0.f;
-        if (a.x_vec) {
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-          for (int e = 0; e < E; e += 4) {
-            const float4 xv = *reinterpret_cast<const float4*>(x + e);
-            part += w[e] * xv.x + w[e + 1] * xv.y + w[e + 2] * xv.z + w[e + 3] * xv.w;
-          }
-        } else {
+      for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
+    if constexpr (VEC) {
+      using T = typename Chunk<K>::T;
+      constexpr int E = Chunk<K>::E;
+      const T* wrow[R];
+      const uint8_t* srow[R];
 #pragma unroll
-          for (int e = 0; e < E; ++e) part += w[e] * x[e];
+      for (int r = 0; r < R; ++r) {
+        wrow[r] = reinterpret_cast<const T*>(static_cast<const uint8_t*>(a.w) + row[r] * a.row_bytes);
+        srow[r] = K == WK::mxfp4 ? a.scale + row[r] * (a.in / 32) : nullptr;
+      }
+      const int64_t n_chunk = a.in / E;
+#pragma unroll 2
+      for (int64_t v = threadIdx.x; v < n_chunk; v += kGemvThreads) {
+        T raw[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) raw[r] = __ldg(wrow[r] + v);
+        float w[R][E], sc[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          decode_chunk<K>(raw[r], w[r]);
+          sc[r] = K == WK::mxfp4 ? e8m0(__ldg(srow[r] + v * E / 32)) : 1.f;
         }
-        acc[t] += K == WK::mxfp4 ? part * sc : part;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          if (t >= n_tok) break;
+          const float* xt = a.x + t * a.ldx + v * E;
+          float x[E];
+          if (a.x_vec) {
+#pragma unroll
+            for (int e = 0; e < E; e += 4) {
+              const float4 xv = *reinterpret_cast<const float4*>(xt + e);
+              x[e] = xv.x, x[e + 1] = xv.y, x[e + 2] = xv.z, x[e + 3] = xv.w;
+            }
+          } else {
+#pragma unroll
+            for (int e = 0; e < E; ++e) x[e] = xt[e];
+          }
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            float p = 0.f;
+#pragma unroll
+            for (int e = 0; e < E; e += 4)
+              p += w[r][e] * x[e] + w[r][e + 1] * x[e + 1] + w[r][e + 2] * x[e + 2] + w[r][e + 3] * x[e + 3];
+            acc[r][t] += K == WK::mxfp4 ? p * sc[r] : p;
+          }
+        }
+      }
+    } else {
+      for (int64_t c = threadIdx.x; c < a.in; c += kGemvThreads) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float w = weight_at<K>(a.w, a.scale, a.in, row[r], c);
+#pragma unroll
+          for (int t = 0; t < NT; ++t)
+            if (t < n_tok) acc[r][t] += w * a.x[t * a.ldx + c];
+        }
       }
     }
-  } else {
-    for (int64_t c = lane; c < a.in; c += 32) {
-      const float w = weight_at<K>(a.w, a.scale, a.in, o, c);
 #pragma unroll
-      for (int t = 0; t < kGemvMaxTok; ++t)
-        if (t < a.n_tok) acc[t] += w * a.x[t * a.ldx + c];
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (t >= n_tok) break;
+        const float s = warp_sum(acc[r][t]);
+        if (lane == 0) part[warp][r * NT + t] = s;
+      }
+    __syncthreads();
+    if (threadIdx.x < R * NT) {
+      const int r = threadIdx.x / NT, t = threadIdx.x % NT;
+      if (t < n_tok && o0 + r < a.out) {
+        float s = 0.f;
+#pragma unroll
+        for (int q = 0; q < kWarps; ++q) s += part[q][threadIdx.x];
+        a.y[t * a.ldy + o0 + r] = a.round ? round_bf16_dev(s) : s;
+      }
     }
-  }
-#pragma unroll
-  for (int t = 0; t < kGemvMaxTok; ++t) {
-    if (t >= a.n_tok) break;
-    const float s = warp_sum(acc[t]);
-    if (lane == 0) a.y[t * a.ldy + o] = s;
+    __syncthreads();  // part is rewritten by the next group
   }
 }
 
@@ -196,6 +248,14 @@ __global__ void x_to_bf16_kernel(const float* x, int64_t ldx, int64_t in, int64_
   xb[e] = __float2bfloat16_rn(i < in ? x[t * ldx + i] : 0.f);
 }
 
+// y[t, o] = bf16(y[t, o]) for o < out (kept in fp32)
+__global__ void round_rows_kernel(float* y, int64_t ldy, int64_t out, int64_t n_tok) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= n_tok * out) return;
+  float& v = y[(e / out) * ldy + e % out];
+  v = round_bf16_dev(v);
+}
+
 WK kind_of(const LinearWeight& W) {
   if (W.is_mxfp4()) return WK::mxfp4;
   switch (W.dtype) {
@@ -213,16 +273,45 @@ WK kind_of(const LinearWeight& W) {
   return WK::f32;
 }
 
+// CTAs of gemv_kernel<K, VEC, R, NT> the whole device holds at once
+template <WK K, bool VEC, int R, int NT>
+int64_t gemv_slots() {
+  static const int64_t slots = [] {
+    int per_sm = 0;
+    K3_CUDA_ASSERT(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<K, VEC, R, NT>,
+                                                                 kGemvThreads, 0));
+    return int64_t(std::max(per_sm, 1)) * device_sm_count();
+  }();
+  return slots;
+}
+
+// One resident wave of CTAs, each striding over row groups. R = 4 rows per group (4 loads in flight per
+// thread and step, x read once for 4 rows) when the groups fill that wave's CTAs in whole rounds (at most 4%
+// of the last round idle); otherwise 1 row per group: out = 12288 over 6 x 132 CTAs of one row each leaves
+// 3% idle, where one warp per row (sessions 1-6) left 1.45 waves of 8-row CTAs: 0.65 of copy at batch 1.
+template <WK K, bool VEC, int NT>
+void gemv_launch(const GemvArgs& a, GpuContext& g) {
+  const int64_t slots4 = gemv_slots<K, VEC, 4, NT>(), groups4 = (a.out + 3) / 4;
+  const int64_t rounds4 = (groups4 + slots4 - 1) / slots4;
+  if (groups4 >= slots4 && rounds4 * slots4 * 25 <= groups4 * 26) {
+    gemv_kernel<K, VEC, 4, NT><<<unsigned(slots4), kGemvThreads, 0, g.stream>>>(a);
+  } else {
+    const int64_t slots1 = gemv_slots<K, VEC, 1, NT>();
+    gemv_kernel<K, VEC, 1, NT><<<unsigned(std::min(a.out, slots1)), kGemvThreads, 0, g.stream>>>(a);
+  }
+  K3_CUDA_LAUNCH_CHECK();
+}
+
 template <WK K>
 void gemv(const LinearWeight& W, const GemvArgs& a, GpuContext& g) {
   constexpr size_t word = sizeof(typename Chunk<K>::T);
   const bool vec = reinterpret_cast<uintptr_t>(W.w) % word == 0 && a.row_bytes % int64_t(word) == 0;
-  const unsigned grid = blocks_for(W.out, kGemvWarps);
-  if (vec)
-    gemv_kernel<K, true><<<grid, kGemvWarps * 32, 0, g.stream>>>(a);
+  if (!vec)  // rows not aligned to the load width: the scalar loop, any n_tok <= kGemvMaxTok
+    gemv_launch<K, false, kGemvMaxTok>(a, g);
+  else if (a.n_tok == 1)
+    gemv_launch<K, true, 1>(a, g);
   else
-    gemv_kernel<K, false><<<grid, kGemvWarps * 32, 0, g.stream>>>(a);
-  K3_CUDA_LAUNCH_CHECK();
+    gemv_launch<K, true, kGemvMaxTok>(a, g);
 }
 
 template <WK K, class T>
@@ -346,8 +435,15 @@ void linear_cuda(const LinearWeight& W, const LinearParams& p, GpuContext& g) {
   if (p.n_tok <= 0 || W.out <= 0) return;
   const int64_t ldx = p.ldx ? p.ldx : W.in, ldy = p.ldy ? p.ldy : W.out;
   const WK k = kind_of(W);
-  if (p.n_tok > kGemvMaxTok) return gemm(k, W, p, ldx, ldy, g);
-  GemvArgs a{W.w, W.scale, W.out, W.in, 0, p.x, ldx, p.y, ldy, int(p.n_tok), false};
+  if (p.n_tok > kGemvMaxTok) {
+    gemm(k, W, p, ldx, ldy, g);
+    if (p.round_bf16) {
+      round_rows_kernel<<<blocks_for(p.n_tok * W.out, 256), 256, 0, g.stream>>>(p.y, ldy, W.out, p.n_tok);
+      K3_CUDA_LAUNCH_CHECK();
+    }
+    return;
+  }
+  GemvArgs a{W.w, W.scale, W.out, W.in, 0, p.x, ldx, p.y, ldy, int(p.n_tok), false, p.round_bf16};
   a.row_bytes = k == WK::mxfp4 ? W.in / 2 : W.in * int64_t(k == WK::f32 ? 4 : k == WK::fp8 ? 1 : 2);
   a.x_vec = reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && ldx % 4 == 0;
   switch (k) {

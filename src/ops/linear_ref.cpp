@@ -41,7 +41,7 @@ void linear_ref(const LinearWeight& W, const LinearParams& p) {
     for (int64_t o = 0; o < W.out; ++o) {
       double acc = 0;
       for (int64_t i = 0; i < W.in; ++i) acc += double(x[i]) * weight_at(W, o, i);
-      p.y[t * ldy + o] = float(acc);
+      p.y[t * ldy + o] = p.round_bf16 ? round_bf16(float(acc)) : float(acc);
     }
   }
 }
