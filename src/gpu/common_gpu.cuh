@@ -92,6 +92,8 @@ class DevBuf {
 // x must hold bf16-rounded values unless x_exact.
 void linear(const GpuCtx& c, const LinearWeight& W, const float* x, int64_t n_tok, float* y,
             bool round = true, bool x_exact = false, int64_t ldx = 0, int64_t ldy = 0);
+// y[i] = bf16(x[i]) for i < n, as bf16 bits, on `stream`.
+void to_bf16_bits(cudaStream_t stream, const float* x, int64_t n, uint16_t* y);
 // RMSNorm rows (ops/rms_norm.h semantics; bf16 mode has the op's two rounding points).
 void rms_norm(const GpuCtx& c, const float* x, const float* w, float eps, int64_t n_row, int64_t d, float* y,
               int64_t ldx = 0, int64_t ldy = 0);

@@ -24,6 +24,7 @@
 #include "core/env.h"
 #include "gpu/blocks_gpu.cuh"
 #include "ops/attention.h"
+#include "ops/cuda_util.cuh"
 #include "ops/mla_decode.h"
 #include "ops/mla_prefill.h"
 #include "ops/mla_sparse.h"
@@ -62,25 +63,29 @@ __global__ void absorb_q_kernel(float* qh, const float* q, const float* kvb, int
   qh[i] = acc;
 }
 
-// z[t, h, d] = sum_j W_UV[h, d, j] zh[t, h, j]; W_UV[h, d, j] = kvb[h*wkv + d_nope + d, j].
+// z[t, h, d] = sum_j W_UV[h, d, j] zh[t, h, j]; W_UV[h, d, j] = kvb[h*wkv + d_nope + d, j]. One warp per
+// (h, d) row, lanes over j (coalesced); the row's first kExpandRegs * 32 values stay in registers across the
+// tokens. (A thread per output read its 2 KB row alone: 0.08 of copy at batch 1, session 7's ncu.)
+constexpr int kExpandRegs = 16;  // 512 = kv_lora_rank of K3 / Kimi Linear
 __global__ void expand_z_kernel(float* z, const float* zh, const float* kvb, int64_t n_tok, int nh, int dn,
                                 int dv, int R, int wkv) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n_tok * nh * dv) return;
-  const int64_t t = i / (int64_t(nh) * dv);
-  const int h = int((i / dv) % nh), d = int(i % dv);
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;  // h * dv + d
+  const int lane = threadIdx.x & 31;
+  if (row >= int64_t(nh) * dv) return;
+  const int h = int(row / dv), d = int(row % dv);
   const float* Wuv = kvb + (int64_t(h) * wkv + dn + d) * R;
-  const float* zt = zh + (t * nh + h) * R;
-  float acc = 0.f;
-  for (int j = 0; j < R; ++j) acc += Wuv[j] * zt[j];
-  z[i] = acc;
-}
-
-__global__ void to_bf16_kernel(uint16_t* y, const float* x, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) {
-    const __nv_bfloat16 b = __float2bfloat16_rn(x[i]);
-    y[i] = *reinterpret_cast<const uint16_t*>(&b);
+  float w[kExpandRegs];
+#pragma unroll
+  for (int i = 0; i < kExpandRegs; ++i) w[i] = lane + 32 * i < R ? Wuv[lane + 32 * i] : 0.f;
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const float* zt = zh + (t * nh + h) * R;
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < kExpandRegs; ++i)
+      if (lane + 32 * i < R) acc += w[i] * zt[lane + 32 * i];
+    for (int j = 32 * kExpandRegs + lane; j < R; j += 32) acc += Wuv[j] * zt[j];
+    acc = cuda_ops::warp_sum(acc);
+    if (lane == 0) z[(t * nh + h) * dv + d] = acc;
   }
 }
 
@@ -104,19 +109,33 @@ Status decode_context(const GpuCtx& c, const MlaDecodeParams& d, DevBuf* ws, Gpu
 
 Status to_bf16(const GpuCtx& c, const float* x, int64_t n, DevBuf* y) {
   K3_RETURN_IF_ERROR(y->alloc_bytes(c, size_t(n) * 2));
-  to_bf16_kernel<<<blocks_for(n), kThreads, 0, c.stream()>>>(y->as<uint16_t>(), x, n);
+  to_bf16_bits(c.stream(), x, n, y->as<uint16_t>());
+  return ok_status();
+}
+
+// The latent rows [0, n_ctx) in bf16: the state's copy (state_gpu.cu keeps it in bf16 mode), else one made
+// now in `tmp`.
+Status latent_bf16(const GpuCtx& c, const MlaStateGpu& st, int64_t n_ctx, int64_t dl, DevBuf* tmp,
+                   const uint16_t** out) {
+  if (st.latent16) {
+    *out = st.latent16;
+    return ok_status();
+  }
+  K3_RETURN_IF_ERROR(to_bf16(c, st.latent, n_ctx * dl, tmp));
+  *out = tmp->as<uint16_t>();
   return ok_status();
 }
 
 // Absorbed attention of one sequence's n_tok queries qs [n_tok, nh, 576] over latent [n_ctx, 576] -> zs.
-Status decode_fast(const GpuCtx& c, const float* qs, const float* latent, int64_t n_tok, int64_t n_past,
+Status decode_fast(const GpuCtx& c, const float* qs, const MlaStateGpu& st, int64_t n_tok, int64_t n_past,
                    int nh, float scale, float* zs) {
   constexpr int P = 64;
   const int64_t n_ctx = n_past + n_tok;
   const int n_pages = int((n_ctx + P - 1) / P);
   DevBuf q16, lat16, lens, table, ws;
+  const uint16_t* cache = nullptr;
   K3_RETURN_IF_ERROR(to_bf16(c, qs, n_tok * nh * kMlaRow, &q16));
-  K3_RETURN_IF_ERROR(to_bf16(c, latent, n_ctx * kMlaRow, &lat16));
+  K3_RETURN_IF_ERROR(latent_bf16(c, st, n_ctx, kMlaRow, &lat16, &cache));
   K3_RETURN_IF_ERROR(lens.alloc_bytes(c, size_t(n_tok) * 4));
   K3_RETURN_IF_ERROR(table.alloc_bytes(c, size_t(n_tok) * n_pages * 4));
   decode_table_kernel<<<blocks_for(n_tok * n_pages), kThreads, 0, c.stream()>>>(
@@ -124,7 +143,7 @@ Status decode_fast(const GpuCtx& c, const float* qs, const float* latent, int64_
   MlaDecodeParams p;
   p.n_seq = int(n_tok), p.n_head = nh, p.page_size = P, p.max_pages = n_pages, p.n_pages = n_pages;
   p.max_ctx = int(n_ctx), p.ctx_len = lens.as<int32_t>(), p.block_table = table.as<int32_t>();
-  p.cache = lat16.as<uint16_t>(), p.q = q16.as<uint16_t>(), p.scale = scale, p.out = zs;
+  p.cache = cache, p.q = q16.as<uint16_t>(), p.scale = scale, p.out = zs;
   K3_RETURN_IF_ERROR(mla_decode_check(p));
   GpuContext g;
   K3_RETURN_IF_ERROR(decode_context(c, p, &ws, &g));
@@ -135,14 +154,15 @@ Status decode_fast(const GpuCtx& c, const float* qs, const float* latent, int64_
 // Absorbed attention of one sequence over its DSA-selected rows (ops/mla_sparse.h): qs [n_tok, nh, 576],
 // sel [n_tok, topk] ascending positions (-1 padded), latent [n_ctx, 576] -> zs [n_tok, nh, 512]. The rows
 // are gathered per query and run through the tensor-core decode kernel, so the cost is flat in the context.
-Status sparse_fast(const GpuCtx& c, const float* qs, const float* latent, const int32_t* sel, int64_t n_tok,
+Status sparse_fast(const GpuCtx& c, const float* qs, const MlaStateGpu& st, const int32_t* sel, int64_t n_tok,
                    int64_t n_past, int nh, int64_t topk, float scale, float* zs) {
   constexpr int P = 64;
   const int64_t n_ctx = n_past + n_tok;
   const int n_pages = int((n_ctx + P - 1) / P);
   DevBuf q16, lat16, table, scratch, ws;
+  const uint16_t* cache = nullptr;
   K3_RETURN_IF_ERROR(to_bf16(c, qs, n_tok * nh * kMlaRow, &q16));
-  K3_RETURN_IF_ERROR(to_bf16(c, latent, n_ctx * kMlaRow, &lat16));
+  K3_RETURN_IF_ERROR(latent_bf16(c, st, n_ctx, kMlaRow, &lat16, &cache));
   K3_RETURN_IF_ERROR(table.alloc_bytes(c, size_t(n_pages) * 4));
   decode_table_kernel<<<blocks_for(n_pages), kThreads, 0, c.stream()>>>(nullptr, table.as<int32_t>(), 1,
                                                                         n_pages, n_ctx - 1);
@@ -165,19 +185,20 @@ Status sparse_fast(const GpuCtx& c, const float* qs, const float* latent, const 
 
 // Dense causal unabsorbed attention of one sequence: q [n_tok, nh, 192], kvb [n_ctx, nh, 256] = [k_nope | v],
 // the rope keys at latent[:, 512:576] -> z [n_tok, nh, 128].
-Status prefill_fast(const GpuCtx& c, const float* q, const float* kvb, const float* latent, int64_t n_tok,
+Status prefill_fast(const GpuCtx& c, const float* q, const float* kvb, const MlaStateGpu& st, int64_t n_tok,
                     int64_t n_past, int nh, int R, float scale, float* z) {
   const int64_t n_ctx = n_past + n_tok, dl = R + kMlaPrefillRope;
   DevBuf q16, kv16, lat16;
+  const uint16_t* lat = nullptr;
   K3_RETURN_IF_ERROR(to_bf16(c, q, n_tok * nh * kMlaPrefillQk, &q16));
   K3_RETURN_IF_ERROR(to_bf16(c, kvb, n_ctx * nh * 256, &kv16));
-  K3_RETURN_IF_ERROR(to_bf16(c, latent, n_ctx * dl, &lat16));
+  K3_RETURN_IF_ERROR(latent_bf16(c, st, n_ctx, dl, &lat16, &lat));
   MlaPrefillParams p;
   p.n_q = int(n_tok), p.n_kv = int(n_ctx), p.n_head = nh, p.q_pos0 = int(n_past), p.scale = scale, p.out = z;
   p.q = q16.as<uint16_t>(), p.q_tok_stride = int64_t(nh) * kMlaPrefillQk, p.q_head_stride = kMlaPrefillQk;
   p.k_nope = kv16.as<uint16_t>(), p.k_tok_stride = int64_t(nh) * 256, p.k_head_stride = 256;
   p.v = kv16.as<uint16_t>() + kMlaPrefillNope, p.v_tok_stride = int64_t(nh) * 256, p.v_head_stride = 256;
-  p.k_rope = lat16.as<uint16_t>() + R, p.r_tok_stride = dl, p.r_head_stride = 0;
+  p.k_rope = lat + R, p.r_tok_stride = dl, p.r_head_stride = 0;
   K3_RETURN_IF_ERROR(mla_prefill_check(p));
   mla_prefill_cuda(p, *c.g);
   return ok_status();
@@ -230,6 +251,7 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
     K3_ASSERT(st.cap >= n_ctx);  // GpuSeqState::reserve ran before the layer loop
     cudaMemcpyAsync(st.latent + s.n_past * dl, kv.f() + s.row0 * dl, size_t(s.n_tok * dl) * 4,
                     cudaMemcpyDeviceToDevice, c.stream());
+    if (st.latent16) to_bf16_bits(c.stream(), kv.f() + s.row0 * dl, s.n_tok * dl, st.latent16 + s.n_past * dl);
     DevBuf sel;
     bool sparse = false;
     if (w.has_dsa)
@@ -249,7 +271,7 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
       K3_RETURN_IF_ERROR(kvb.alloc(c, n_ctx * nh * wkv));
       linear(c, w.kv_b_proj, st.latent, n_ctx, kvb.f(), true, false, /*ldx=*/dl);  // [n_ctx, nh * wkv]
       if (fast_prefill && !sparse) {
-        K3_RETURN_IF_ERROR(prefill_fast(c, q.f() + s.row0 * nh * dqk, kvb.f(), st.latent, s.n_tok, s.n_past,
+        K3_RETURN_IF_ERROR(prefill_fast(c, q.f() + s.row0 * nh * dqk, kvb.f(), st, s.n_tok, s.n_past,
                                         nh, R, scale, z.f() + s.row0 * nh * dv));
         continue;
       }
@@ -271,10 +293,10 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
         qs, q.f() + s.row0 * nh * dqk, w.kv_b_f32, s.n_tok, nh, dn, dr, R, wkv);
     c.rnd(qs, s.n_tok * nh * dl);  // bf16 mode: q^ in bf16 (model/mla.cpp)
     if (fast_decode && !sparse) {
-      K3_RETURN_IF_ERROR(decode_fast(c, qs, st.latent, s.n_tok, s.n_past, nh, scale, zs));
+      K3_RETURN_IF_ERROR(decode_fast(c, qs, st, s.n_tok, s.n_past, nh, scale, zs));
     } else if (sparse_mla && sparse) {
       K3_RETURN_IF_ERROR(
-          sparse_fast(c, qs, st.latent, sel.as<int32_t>(), s.n_tok, s.n_past, nh, cfg.dsa.topk, scale, zs));
+          sparse_fast(c, qs, st, sel.as<int32_t>(), s.n_tok, s.n_past, nh, cfg.dsa.topk, scale, zs));
     } else {
       p.d_qk = dl, p.d_v = R;
       p.q = qs, p.q_tok_stride = int64_t(nh) * dl, p.q_head_stride = dl;
@@ -283,7 +305,7 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
       p.out = zs;
       attention_cuda(p, *c.g);
     }
-    expand_z_kernel<<<blocks_for(s.n_tok * nh * dv), kThreads, 0, c.stream()>>>(
+    expand_z_kernel<<<blocks_for(int64_t(nh) * dv * 32), kThreads, 0, c.stream()>>>(
         z.f() + s.row0 * nh * dv, zs, w.kv_b_f32, s.n_tok, nh, dn, dv, R, wkv);
   }
   c.rnd(z.f(), n_tok * nh * dv);

@@ -57,6 +57,8 @@ struct KdaStateGpu {
 };
 struct MlaStateGpu {
   float* latent = nullptr;   // [cap, d_latent] rows [c | r]; rows [0, n_past) valid
+  uint16_t* latent16 = nullptr;  // the same rows in bf16 (bf16 mode, d_latent = 576: the tensor-core MLA
+                                 // kernels' cache, kept beside latent instead of converted every step)
   float* index_k = nullptr;  // [cap, dsa d_head] (DSA layers)
   int64_t cap = 0;           // rows allocated
 };
@@ -87,6 +89,7 @@ class GpuSeqState {
   Status reserve(int64_t n);
   const ModelConfig* cfg_;
   float* kda_block_ = nullptr;  // one allocation for every KDA layer's S and conv
+  bool latent16_ = false;       // MLA layers keep MlaStateGpu::latent16
   int64_t n_past_ = 0;
 };
 

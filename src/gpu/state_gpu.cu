@@ -4,12 +4,16 @@
 //               the window is bf16 (conv16) when the fast kernels run (bf16 mode, K = V = 128, W = 4; exact,
 //               as the pre-conv rows are a bf16 rounding point), fp32 otherwise. Opt-in: K3_KDA_FAST=1 (the
 //               fast path has not yet run on a GPU).
-//   MLA layers: latent rows [cap, d_latent] (+ DSA index keys [cap, Di]), grown by doubling before a call
+//   MLA layers: latent rows [cap, d_latent] (+ DSA index keys [cap, Di]), grown by doubling before a call;
+//               in bf16 mode with d_latent = 576 also a bf16 copy of the latent rows (exact: they are bf16
+//               values there), which the tensor-core MLA kernels read (mla_gpu.cu)
 // Copies to and from a host SeqState use the same layouts, so a sequence can move between CPU and GPU.
 #include "core/cuda_check.h"
 #include "core/dtype.h"
 #include "core/env.h"
+#include "gpu/common_gpu.cuh"
 #include "gpu/model_gpu.h"
+#include "ops/mla_decode.h"
 
 #include <cuda_runtime.h>
 
@@ -55,7 +59,7 @@ bool has_conv16(const std::vector<KdaStateGpu>& kda) {
 
 GpuSeqState::~GpuSeqState() {
   cudaFree(kda_block_);
-  for (MlaStateGpu& m : mla) cudaFree(m.latent), cudaFree(m.index_k);
+  for (MlaStateGpu& m : mla) cudaFree(m.latent), cudaFree(m.latent16), cudaFree(m.index_k);
 }
 
 Result<std::unique_ptr<GpuSeqState>> GpuModel::new_state() {
@@ -65,6 +69,8 @@ Result<std::unique_ptr<GpuSeqState>> GpuModel::new_state() {
   s->kda.assign(size_t(L), {});
   s->mla.assign(size_t(L), {});
   const bool fast = kda_fast(cfg_, opt_.precision);
+  s->latent16_ = opt_.precision == Precision::bf16 && cfg_.mla.kv_lora_rank == kMlaLatent &&
+                 cfg_.mla.d_rope == kMlaRope;
   const int64_t per = kda_layer_bytes(cfg_, fast);
   const int64_t n_kda = n_kda_layers(cfg_);
   if (n_kda > 0) {
@@ -103,19 +109,26 @@ Status GpuSeqState::reserve(int64_t n) {
     if (m.cap >= n) continue;
     const int64_t cap = std::max({n, 2 * m.cap, int64_t(64)}), di = index_width(*cfg_, l);
     float *lat = nullptr, *idx = nullptr;
+    uint16_t* lat16 = nullptr;
     K3_CUDA_CHECK(
         cudaDeviceSynchronize());  // the old rows are final (the model's stream is idle between calls)
     K3_CUDA_CHECK(cudaMalloc(&lat, size_t(cap * dl) * 4));
     if (n_past_ > 0)
       K3_CUDA_CHECK(cudaMemcpy(lat, m.latent, size_t(n_past_ * dl) * 4, cudaMemcpyDeviceToDevice));
+    if (latent16_) {
+      K3_CUDA_CHECK(cudaMalloc(&lat16, size_t(cap * dl) * 2));
+      if (n_past_ > 0)
+        K3_CUDA_CHECK(cudaMemcpy(lat16, m.latent16, size_t(n_past_ * dl) * 2, cudaMemcpyDeviceToDevice));
+    }
     if (di > 0) {
       K3_CUDA_CHECK(cudaMalloc(&idx, size_t(cap * di) * 4));
       if (n_past_ > 0)
         K3_CUDA_CHECK(cudaMemcpy(idx, m.index_k, size_t(n_past_ * di) * 4, cudaMemcpyDeviceToDevice));
     }
     cudaFree(m.latent);
+    cudaFree(m.latent16);
     cudaFree(m.index_k);
-    m.latent = lat, m.index_k = idx, m.cap = cap;
+    m.latent = lat, m.latent16 = lat16, m.index_k = idx, m.cap = cap;
   }
   return ok_status();
 }
@@ -124,7 +137,8 @@ int64_t GpuSeqState::bytes() const {
   int64_t n = kda_layer_bytes(*cfg_, has_conv16(kda)) * n_kda_layers(*cfg_);
   for (int l = 0; l < cfg_->n_layer; ++l)
     if (cfg_->layer_attn[size_t(l)] != AttnKind::kda)
-      n += mla[size_t(l)].cap * (cfg_->mla.d_latent() + index_width(*cfg_, l)) * 4;
+      n += mla[size_t(l)].cap * ((cfg_->mla.d_latent() + index_width(*cfg_, l)) * 4 +
+                                 (latent16_ ? cfg_->mla.d_latent() * 2 : 0));
   return n;
 }
 
@@ -191,6 +205,10 @@ Status GpuSeqState::upload(const SeqState& host) {
     if (n == 0) continue;
     K3_CUDA_CHECK(
         cudaMemcpy(mla[size_t(l)].latent, m.latent.data(), m.latent.size() * 4, cudaMemcpyHostToDevice));
+    if (uint16_t* l16 = mla[size_t(l)].latent16) {
+      to_bf16_bits(nullptr, mla[size_t(l)].latent, n * dl, l16);
+      K3_CUDA_CHECK(cudaDeviceSynchronize());
+    }
     if (di > 0)
       K3_CUDA_CHECK(
           cudaMemcpy(mla[size_t(l)].index_k, m.index_k.data(), m.index_k.size() * 4, cudaMemcpyHostToDevice));
