@@ -8,7 +8,8 @@
 // The logits are the router GEMM output x W_gate^T (fp32 accumulation, unrounded); they may be the first
 // n_expert columns of a wider row (the K3 fused router + latent down-projection output, row stride ld).
 // The sum over the selected scores runs in slot order, as the CPU model does (model/moe.cpp moe_route).
-// CUDA: one warp per token, everything on the device (graph-capture safe: no host reads, no allocation).
+// CUDA: one CTA per token (a bitonic top-k over 64-bit keys, moe_route_cuda.cu), everything on the device
+// (graph-capture safe: no host reads, no allocation).
 #pragma once
 
 #include <cstdint>
@@ -31,7 +32,7 @@ struct MoeRouteParams {
 };
 
 // Shapes the kernels take: 1 <= k <= n_expert <= kMoeRouteMaxExpert.
-constexpr int kMoeRouteMaxExpert = 4096;  // 4 warps x 3 x 4096 x 4 B = 192 KB of shared memory at most
+constexpr int kMoeRouteMaxExpert = 4096;  // keys + scores + picks: 64 KB of shared memory at most
 Status moe_route_check(const MoeRouteParams& p);
 
 void moe_route_ref(const MoeRouteParams& p);

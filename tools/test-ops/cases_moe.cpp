@@ -4,7 +4,12 @@
 // and cuda.
 //
 // moe_route: logits N(0, 2) in a wider row (ld > n_expert), small biases, copied logits so ties happen;
-//   ids must be equal, weights within 1e-10. Shapes: K3 (896 / 16), KL (256 / 8), k3-tiny (56 / 8), k > 32.
+//   ids must be equal, weights within 1e-10. Shapes: K3 (896 / 16), KL (256 / 8), k3-tiny (56 / 8), k > 32,
+//   k = n_expert, n_expert 1 and not a power of two, up to kMoeRouteMaxExpert (every CUDA block shape).
+//   `ties`: logits on a 0.5 grid and zero biases (most scores tie, and distinct ones stay far more than the
+//   device expf's ulps apart, so large k and n_expert cannot flip a near-tie); `nan_inf`: the same with 1
+//   in 8 logits NaN and some +-inf (NaN c ranks last, a selected NaN score makes the token's weights NaN;
+//   ref and cuda only, the CPU model's moe_route assumes finite scores).
 // moe_experts: random MXFP4 bytes, scales in [116, 124], z bf16 N(0, 1) in a wider row, random distinct
 //   experts and positive weights per token; the decode and prefill kernels forced on every shape (odd token
 //   counts 1, 3, 17, 45, 70, 150; d_in / d_ff multiples of 32 that are not multiples of the 128-column
@@ -12,6 +17,8 @@
 //   and SiLU). NMSE bound 1e-5: the kernels round at the same
 //   points as the reference, only fp32 accumulation order differs (a bf16 rounding may flip).
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <set>
@@ -27,21 +34,40 @@
 namespace k3::opt {
 namespace {
 
+enum class RouteInput { normal, ties, nan_inf };
+constexpr const char* kRouteInputTag[] = {"", " ties", " nan-inf"};
 
 struct RouteState {
   int64_t n_tok = 0, ld = 0;
   int E = 0, k = 0;
   bool renorm = true;
+  RouteInput in = RouteInput::normal;
   std::vector<float> logits, bias;
 };
 
-void add_route(CaseList& cases, int64_t n_tok, int E, int k, bool renorm) {
+// FnCase without the cpu backend where the inputs leave the CPU model's domain (NaN logits).
+class RouteCase : public FnCase {
+ public:
+  RouteCase(bool cpu, std::string shape, std::function<void(Rng&)> init,
+            std::function<void(Backend, RunContext&)> run)
+      : FnCase("moe_route", std::move(shape), 1e-10, std::move(init), std::move(run), false, 0, 0,
+               kCudaBuilt),
+        cpu_(cpu) {}
+  bool supports(Backend b) const override { return (b != Backend::cpu || cpu_) && FnCase::supports(b); }
+
+ private:
+  bool cpu_;
+};
+
+void add_route(CaseList& cases, int64_t n_tok, int E, int k, bool renorm,
+               RouteInput in = RouteInput::normal) {
   auto st = std::make_shared<RouteState>();
-  st->n_tok = n_tok, st->E = E, st->k = k, st->ld = E + 5, st->renorm = renorm;
+  st->n_tok = n_tok, st->E = E, st->k = k, st->ld = E + 5, st->renorm = renorm, st->in = in;
   const std::string shape = "n_tok=" + std::to_string(n_tok) + " n_expert=" + std::to_string(E) +
-                            " k=" + std::to_string(k) + (renorm ? "" : " no-renorm");
-  cases.push_back(std::make_unique<FnCase>(
-      "moe_route", shape, 1e-10,
+                            " k=" + std::to_string(k) + (renorm ? "" : " no-renorm") +
+                            kRouteInputTag[int(in)];
+  cases.push_back(std::make_unique<RouteCase>(
+      in != RouteInput::nan_inf, shape,
       [st](Rng& rng) {
         st->logits.resize(size_t(st->n_tok * st->ld));
         fill_normal(rng, st->logits.data(), int64_t(st->logits.size()), 2.0f);
@@ -49,6 +75,16 @@ void add_route(CaseList& cases, int64_t n_tok, int E, int k, bool renorm) {
         st->bias.resize(size_t(st->E));
         fill_uniform(rng, st->bias.data(), st->E, -0.1f, 0.1f);
         for (int e = 0; e < st->E; e += 5) st->bias[size_t(e)] = 0.f;
+        if (st->in != RouteInput::normal) {
+          for (float& v : st->logits) v = std::round(2.f * v) / 2.f;
+          std::fill(st->bias.begin(), st->bias.end(), 0.f);
+        }
+        if (st->in == RouteInput::nan_inf) {
+          const float inf = std::numeric_limits<float>::infinity();
+          for (size_t i = 0; i < st->logits.size(); i += 8) st->logits[i] = std::nanf("");
+          for (size_t i = 3; i < st->logits.size(); i += 29) st->logits[i] = inf;
+          for (size_t i = 5; i < st->logits.size(); i += 31) st->logits[i] = -inf;
+        }
       },
       [st](Backend b, RunContext& ctx) {
         MoeRouteParams p;
@@ -77,8 +113,7 @@ void add_route(CaseList& cases, int64_t n_tok, int E, int k, bool renorm) {
           ctx.gpu_run([&] { moe_route_cuda(p, *ctx.gpu); });
 #endif
         }
-      },
-      false, 0, 0, kCudaBuilt));
+      }));
 }
 
 struct ExpertState {
@@ -177,6 +212,16 @@ K3_OP_CASES(moe_cases) {
   add_route(cases, 33, 56, 8, false);
   add_route(cases, 5, 100, 40, true);  // k > 32
   add_route(cases, 3, 16, 16, true);   // k = n_expert
+  add_route(cases, 2, 1, 1, true);
+  add_route(cases, 9, 2048, 64, true);
+  add_route(cases, 3, 3000, 100, false);
+  add_route(cases, 2, 4096, 4096, true, RouteInput::ties);  // k = n_expert = kMoeRouteMaxExpert
+  add_route(cases, 64, 896, 16, true, RouteInput::ties);
+  add_route(cases, 7, 1000, 1000, true, RouteInput::ties);
+  add_route(cases, 17, 896, 16, true, RouteInput::nan_inf);
+  add_route(cases, 5, 100, 100, false, RouteInput::nan_inf);  // NaN scores selected
+  add_route(cases, 5, 100, 100, true, RouteInput::nan_inf);
+  add_route(cases, 3, 4096, 2000, true, RouteInput::nan_inf);
   for (MoePath path : {MoePath::decode, MoePath::prefill}) {
     add_experts(cases, 1, 23, 4, 96, 160, path);
     add_experts(cases, 3, 9, 9, 32, 32, path);
