@@ -41,6 +41,10 @@ namespace {
 #ifndef KDA_DECODE_PROBE
 #define KDA_DECODE_PROBE 0
 #endif
+// 1: the one-CTA kernel loads the conv window before the state instead of after it (bench variant).
+#ifndef KDA_DECODE_WIN_FIRST
+#define KDA_DECODE_WIN_FIRST 0
+#endif
 constexpr int DK = 128, DV = 128, NT = KDA_DECODE_SPLIT ? 256 : KDA_DECODE_NT, NW = NT / 32;
 static_assert(NT == 256 || NT == 512, "the one-CTA decode kernel is written for 8 or 16 warps");
 [[maybe_unused]] constexpr int ROWS = DK / NW;  // rows per warp (one-CTA version)
@@ -91,18 +95,29 @@ __global__ void __launch_bounds__(NT, KDA_DECODE_MIN_BLOCKS) kda_decode_kernel(c
   const int slot = p.slot[b];
   float4* Sg = reinterpret_cast<float4*>(p.S + (size_t(slot) * H + h) * DK * DV);
   float4 s[ROWS];
-#pragma unroll
-  for (int i = 0; i < ROWS; ++i)
-    s[i] = KDA_DECODE_PROBE & 2 ? make_float4(1e-3f, 1e-3f, 1e-3f, 1e-3f)
-                                : Sg[(warp * ROWS + i) * (DV / 4) + lane];
   uint16_t win[NE][3];
+  auto load_state = [&] {
 #pragma unroll
-  for (int r = 0; r < NE; ++r) {
-    const int e = tid + NT * r, m = e / DK, ch = h * DK + e % DK;
-    if (e < 3 * DK) {
-      const uint16_t* w = p.conv + (size_t(slot) * 9 + m * 3) * HK + ch;
-      win[r][0] = w[0], win[r][1] = w[HK], win[r][2] = w[2 * HK];
+    for (int i = 0; i < ROWS; ++i)
+      s[i] = KDA_DECODE_PROBE & 2 ? make_float4(1e-3f, 1e-3f, 1e-3f, 1e-3f)
+                                  : Sg[(warp * ROWS + i) * (DV / 4) + lane];
+  };
+  auto load_window = [&] {
+#pragma unroll
+    for (int r = 0; r < NE; ++r) {
+      const int e = tid + NT * r, m = e / DK, ch = h * DK + e % DK;
+      if (e < 3 * DK) {
+        const uint16_t* w = p.conv + (size_t(slot) * 9 + m * 3) * HK + ch;
+        win[r][0] = w[0], win[r][1] = w[HK], win[r][2] = w[2 * HK];
+      }
     }
+  };
+  if (KDA_DECODE_WIN_FIRST) {  // the window's 2.3 KB ahead of the 64 KB of state: the conv need not wait for it
+    load_window();
+    load_state();
+  } else {
+    load_state();
+    load_window();
   }
 
   // Short conv (width 4) over the window [x_{t-3}, x_{t-2}, x_{t-1}] and x_t, SiLU, bf16; roll the window.
@@ -303,6 +318,14 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(NT, 4)
 // version, one CTA per SM with a ring of 3 states.
 Status kda_decode_fast_tma_cuda(const KdaDecodeParams& p, GpuContext& g);
 Status kda_decode_fast_ring_cuda(const KdaDecodeParams& p, GpuContext& g);
+// kda_fast_decode_cluster.cu: a cluster of CTAs per (head, sequence), each a slice of the state's columns.
+Status kda_decode_fast_cluster_cuda(const KdaDecodeParams& p, GpuContext& g);
+
+// KDA_DECODE_V=2 (build time; not yet run on a GPU): the cluster kernel serves every batch size and every
+// optional field but the traced intermediates, unless K3_KDA_DECODE_TMA forces one of the others.
+#ifndef KDA_DECODE_V
+#define KDA_DECODE_V 1
+#endif
 
 // Which kernel: K3_KDA_DECODE_TMA=0 / 1 / 2 forces this file's kernel / the bulk-copy kernel / the persistent
 // one; otherwise the bulk-copy kernel from kTmaMinSeq sequences. Measured on the H200 (session 4): at b = 64
@@ -318,6 +341,10 @@ Status kda_decode_fast_cuda(const KdaDecodeParams& p, GpuContext& g) {
     return e == "0" ? 0 : e == "1" ? 1 : e == "2" ? 2 : -1;
   }();
   if (forced == 2) return kda_decode_fast_ring_cuda(p, g);
+#if KDA_DECODE_V == 2
+  const bool traced = p.q_out || p.k_out || p.v_out || p.g_out || p.beta_out || p.o_out;
+  if (forced < 0 && !traced) return kda_decode_fast_cluster_cuda(p, g);
+#endif
   const bool extended = p.S_seq || p.conv_seq || p.conv_w_k || p.softplus_gate || p.q_out || p.g_out || p.o_out;
   const bool tma = forced >= 0 ? forced == 1 : p.n_seq >= kTmaMinSeq;
   if (extended || tma) return kda_decode_fast_tma_cuda(p, g);
