@@ -69,6 +69,7 @@ __global__ void absorb_q_kernel(float* qh, const float* q, const float* kvb, int
 constexpr int kExpandRegs = 16;  // 512 = kv_lora_rank of K3 / Kimi Linear
 __global__ void expand_z_kernel(float* z, const float* zh, const float* kvb, int64_t n_tok, int nh, int dn,
                                 int dv, int R, int wkv) {
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;  // h * dv + d
   const int lane = threadIdx.x & 31;
   if (row >= int64_t(nh) * dv) return;
@@ -169,7 +170,7 @@ Status sparse_fast(const GpuCtx& c, const float* qs, const MlaStateGpu& st, cons
   MlaSparseParams p;
   p.n_q = int(n_tok), p.n_head = nh, p.topk = int(topk), p.sel = sel;
   p.page_size = P, p.max_pages = n_pages, p.n_pages = n_pages, p.block_table = table.as<int32_t>();
-  p.shared_table = true, p.cache = lat16.as<uint16_t>(), p.q = q16.as<uint16_t>();
+  p.shared_table = true, p.cache = cache, p.q = q16.as<uint16_t>();
   p.scale = scale, p.out = zs;
   K3_RETURN_IF_ERROR(mla_sparse_check(p));
   K3_RETURN_IF_ERROR(scratch.alloc_bytes(c, mla_sparse_scratch_bytes(p.n_q, p.topk)));
