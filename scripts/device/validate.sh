@@ -8,7 +8,9 @@
 #      with the defaults (K3.1: DSA over ops/mla_sparse.h), then K3's with K3_MLA_FAST=0 (the generic MLA);
 #   5. fused: the fused AttnRes mix + RMSNorm (K3_ATTN_RES_NORM_FUSED=1, the default): every GPU test, then the
 #      K3 slice's GPU = CPU checks and decode timings at T = 4K with it and without it;
-#   6. ncu_step: Nsight Compute over one eager K3 decode step (bench_slice --profile-step) at B = 1 and 64,
+#   6. envcmp: the K3 slice's decode timings at B = 1 / 64, T = 4K (no checks) under each setting of ENVS
+#      (e.g. ENVS="K3_PDL=0 K3_PDL=1"), one after the other in the same call;
+#   7. ncu_step: Nsight Compute over one eager K3 decode step (bench_slice --profile-step) at B = 1 and 64,
 #      T = 4K: every kernel's time and DRAM bytes, summed by kernel (scripts/device/ncu_step.py).
 # Writes $OUT/validate/run.log, tests.log (the whole k3_tests output) and slice.jsonl.
 #   here:   bash scripts/device/validate.sh --pack BUILD   (BUILD/{tests/k3_tests,bench_slice,test-ops,
@@ -43,7 +45,7 @@ trap 'rm -rf "$S"' EXIT
 trap 'rm -rf "$S"; exit 124' TERM INT
 t0=$SECONDS
 el() { echo "t=$((SECONDS - t0)) s"; }
-STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests kda ops slice31 slice mla fused ncu_step
+STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests kda ops slice31 slice mla fused envcmp ncu_step
 on() { [[ " $STEPS " == *" $1 "* ]]; }
 {
   echo "commit $(cat "$B/COMMIT" 2>/dev/null), steps: ${STEPS}"
@@ -62,7 +64,7 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
       timeout 15 "$B/test-ops" test -o "$op" -b cuda -v 2>&1 | tail -4
     done
   fi
-  if on slice31 || on slice || on mla || on fused || on ncu_step; then
+  if on slice31 || on slice || on mla || on fused || on envcmp || on ncu_step; then
     rm -rf "$S" && mkdir -p "$S"
     echo "== K3 slice ($(el))"
     timeout 50 python3 scripts/make_k3_slice.py --out "$S/k3" --jobs "$(nproc)" 2>&1 | tail -1
@@ -93,6 +95,13 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
       K3_ATTN_RES_NORM_FUSED=$f timeout 60 "$B/bench_slice" -m "$S/k3" --batches 1,64 --contexts 4096 \
         --budget-s 40 --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)+K3_ATTN_RES_NORM_FUSED=$f" \
         2>&1 | grep -E 'NMSE|over|B=|graphs'
+    done
+  fi
+  if on envcmp; then
+    for e in ${ENVS:-}; do
+      echo "== bench_slice K3 B=1,64 T=4K, $e ($(el))"
+      env "$e" timeout 45 "$B/bench_slice" -m "$S/k3" --no-check --batches 1,64 --contexts 4096 --budget-s 30 \
+        --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)+$e" 2>&1 | grep -E 'B=|graphs'
     done
   fi
   if on ncu_step && command -v ncu >/dev/null; then

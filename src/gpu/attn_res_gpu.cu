@@ -55,6 +55,7 @@ __device__ float block_sum(float v, float* red) {
 }
 
 __global__ void attn_res_kernel(Sources src, const float* q, float eps, int64_t D, float* out, bool bf16) {
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   __shared__ float red[kMixThreads / 32];
   __shared__ float score[kMaxSources];
   const int64_t t = blockIdx.x;
@@ -86,6 +87,7 @@ constexpr int kNormThreads = 512;
 __global__ void __launch_bounds__(kNormThreads)
     attn_res_norm_kernel(Sources src, const float* q, float eps, int64_t D, const float* w, float* a,
                          float* y, bool bf16) {
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   __shared__ float red[kNormThreads / 32][2 * kFastSources];
   __shared__ float tot[2 * kFastSources + 1];
   const int64_t t = blockIdx.x;
@@ -180,6 +182,7 @@ template <bool kNorm>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kClusterThreads)
     attn_res_cluster_kernel(Sources src, const float* q, float eps, int64_t D, const float* w, float* a,
                             float* y, bool bf16) {
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   namespace cg = cooperative_groups;
   const cg::cluster_group cluster = cg::this_cluster();
   __shared__ float red[kClusterThreads / 32][2 * kFastSources];

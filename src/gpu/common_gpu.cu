@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "ops/cuda_util.cuh"
 #include "ops/rms_norm.h"
 
 namespace k3::gpu {
@@ -24,11 +25,13 @@ __global__ void f32_to_bf16_kernel(uint16_t* y, const float* x, int64_t n) {
 
 template <bool ROUND>
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = ROUND ? round_bf16_dev(y[i] + x[i]) : y[i] + x[i];
 }
 
 __global__ void sigmoid_mul_kernel(float* z, const float* g, int64_t n) {
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) z[i] *= 1.f / (1.f + expf(-g[i]));
 }

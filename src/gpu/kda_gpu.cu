@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "gpu/blocks_gpu.cuh"
+#include "ops/cuda_util.cuh"
 #include "ops/kda.h"
 #include "ops/l2norm.h"
 #include "ops/sigmoid.h"
@@ -84,6 +85,7 @@ __global__ void gate_kernel(float* g, const float* dt_bias, const float* A_log, 
 // One warp per (token, head) row of K: o <- o rsqrt(mean(o^2) + eps) w sigmoid(gate).
 __global__ void gated_norm_kernel(float* o, const float* gate, const float* w, int64_t n_row, int K,
                                   float eps) {
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= n_row) return;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "gpu/blocks_gpu.cuh"
+#include "ops/cuda_util.cuh"
 #include "ops/moe_experts.h"
 #include "ops/moe_route.h"
 #include "ops/sigmoid.h"
@@ -63,6 +64,7 @@ __global__ void scatter_rows_kernel(float* dst, const float* src, const int64_t*
 // y[t, i] = sum_j wt[t, j] slot_out[t*k + j, i], slot order; then the bf16 rounding point.
 __global__ void combine_kernel(float* y, const float* slot_out, const float* wt, int64_t n_tok, int k,
                                int64_t dz, bool bf16) {
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_tok * dz) return;
   const int64_t t = idx / dz, i = idx % dz;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "core/status.h"
 
@@ -44,6 +45,16 @@ namespace k3::cuda_ops {
 // bf16 round-to-nearest-even kept in fp32 (core/dtype.h round_bf16 on the device; NaN stays NaN).
 __device__ __forceinline__ float round_bf16_dev(float v) {
   return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+// Programmatic dependent launch (sm_90): pdl_launch_dependents lets the stream's next kernel, if launched
+// with the PDL attribute (launch_pdl), start its CTAs now; pdl_wait blocks until the previous kernel has
+// finished and its writes are visible. Both return at once when the launches carry no PDL attribute.
+__device__ __forceinline__ void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void pdl_wait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -94,6 +105,20 @@ inline int device_sm_count() {
     return v;
   }();
   return n;
+}
+
+// kernel<<<grid, block, 0, stream>>>(args...) with the programmatic-serialization attribute when `pdl`: the
+// kernel may start while the previous one finishes, so it must call pdl_wait() before reading anything the
+// earlier kernels wrote (and before writing anything they read).
+template <class... P, class... A>
+void launch_pdl(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, A&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = 0, cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr, cfg.numAttrs = pdl && stream ? 1 : 0;  // (not on the legacy default stream)
+  K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
 }
 
 inline unsigned blocks_for(int64_t n, int threads) {

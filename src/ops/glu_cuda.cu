@@ -16,6 +16,7 @@ __device__ __forceinline__ float sigmoid(float x) {
 }
 
 __global__ void glu_kernel(GluParams p, int64_t ldg, int64_t ldu, int64_t ldh) {
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= p.n_tok * p.d) return;
   const int64_t t = e / p.d, i = e % p.d;

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "core/env.h"
 #include "ops/cuda_util.cuh"
 #include "ops/linear.h"
 
@@ -136,6 +137,17 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n_tok = NT == 1 ? 1 : a.n_tok;
   const int64_t n_group = (a.out + R - 1) / R;
+  // PDL (gemv_launch): the weights do not depend on earlier kernels, so while the previous kernel finishes
+  // this CTA asks L2 for its first group's rows; x and y only after pdl_wait.
+  pdl_launch_dependents();
+  if (blockIdx.x < n_group)
+    for (int r = 0; r < R; ++r) {
+      const int64_t o = std::min<int64_t>(int64_t(blockIdx.x) * R + r, a.out - 1);
+      const char* row = static_cast<const char*>(a.w) + o * a.row_bytes;
+      for (int64_t b = int64_t(threadIdx.x) * 128; b < a.row_bytes; b += int64_t(kGemvThreads) * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(row + b));
+    }
+  pdl_wait();
   for (int64_t g = blockIdx.x; g < n_group; g += gridDim.x) {
     const int64_t o0 = g * R;
     int64_t row[R];  // a short last group re-reads its last row and drops the sums
@@ -285,21 +297,23 @@ int64_t gemv_slots() {
   return slots;
 }
 
-// One resident wave of CTAs, each striding over row groups. R = 4 rows per group (4 loads in flight per
+// One resident wave of CTAs, each striding over row groups, launched with PDL (K3_PDL=0: without): a GEMV's
+// CTAs start on the SMs the previous kernel leaves and fetch weights while it drains. R = 4 rows per group (4 loads in flight per
 // thread and step, x read once for 4 rows) when the groups fill that wave's CTAs in whole rounds (at most 4%
 // of the last round idle); otherwise 1 row per group: out = 12288 over 6 x 132 CTAs of one row each leaves
 // 3% idle, where one warp per row (sessions 1-6) left 1.45 waves of 8-row CTAs: 0.65 of copy at batch 1.
 template <WK K, bool VEC, int NT>
 void gemv_launch(const GemvArgs& a, GpuContext& g) {
+  static const bool pdl = env_switch("K3_PDL", true);
   const int64_t slots4 = gemv_slots<K, VEC, 4, NT>(), groups4 = (a.out + 3) / 4;
   const int64_t rounds4 = (groups4 + slots4 - 1) / slots4;
   if (groups4 >= slots4 && rounds4 * slots4 * 25 <= groups4 * 26) {
-    gemv_kernel<K, VEC, 4, NT><<<unsigned(slots4), kGemvThreads, 0, g.stream>>>(a);
+    launch_pdl(pdl, gemv_kernel<K, VEC, 4, NT>, dim3(unsigned(slots4)), dim3(kGemvThreads), g.stream, a);
   } else {
     const int64_t slots1 = gemv_slots<K, VEC, 1, NT>();
-    gemv_kernel<K, VEC, 1, NT><<<unsigned(std::min(a.out, slots1)), kGemvThreads, 0, g.stream>>>(a);
+    launch_pdl(pdl, gemv_kernel<K, VEC, 1, NT>, dim3(unsigned(std::min(a.out, slots1))), dim3(kGemvThreads),
+               g.stream, a);
   }
-  K3_CUDA_LAUNCH_CHECK();
 }
 
 template <WK K>

@@ -23,6 +23,7 @@ namespace {
 using namespace cuda_ops;
 
 __global__ void rms_norm_kernel(RmsNormParams p, int64_t ldx, int64_t ldy) {
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   __shared__ float red[32];
   const int64_t t = blockIdx.x;
   const float* x = p.x + t * ldx;
@@ -48,6 +49,7 @@ constexpr int kClusterRowPerSm = 2;   // cluster path while n_row <= 2 * SMs
 // owns columns [i, i + 4), i = 4 (c * per + j). In place is safe: each thread writes only what it read.
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kClusterThreads)
     rms_norm_cluster_kernel(RmsNormParams p, int64_t ldx, int64_t ldy) {
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   namespace cg = cooperative_groups;
   const cg::cluster_group cluster = cg::this_cluster();
   __shared__ float red[kClusterThreads / 32];
