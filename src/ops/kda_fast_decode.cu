@@ -321,10 +321,13 @@ Status kda_decode_fast_ring_cuda(const KdaDecodeParams& p, GpuContext& g);
 // kda_fast_decode_cluster.cu: a cluster of CTAs per (head, sequence), each a slice of the state's columns.
 Status kda_decode_fast_cluster_cuda(const KdaDecodeParams& p, GpuContext& g);
 
-// KDA_DECODE_V=2 (build time; not yet run on a GPU): the cluster kernel serves every batch size and every
-// optional field but the traced intermediates, unless K3_KDA_DECODE_TMA forces one of the others.
+// KDA_DECODE_V=2 (default since session 7): the cluster kernel serves batches below kTmaMinSeq and every
+// optional field but the traced intermediates, unless K3_KDA_DECODE_TMA forces one of the others. H200,
+// bench_kda decode: b = 1 7.16-7.36 us (this file's kernel 8.60-8.85, the bulk-copy kernel 9.3-9.8); at
+// b = 64 it moved the state at 0.820 of copy against 0.859 for the bulk-copy kernel, which keeps b >= 8.
+// KDA_DECODE_V=1: no cluster kernel.
 #ifndef KDA_DECODE_V
-#define KDA_DECODE_V 1
+#define KDA_DECODE_V 2
 #endif
 
 // Which kernel: K3_KDA_DECODE_TMA=0 / 1 / 2 forces this file's kernel / the bulk-copy kernel / the persistent
@@ -343,7 +346,7 @@ Status kda_decode_fast_cuda(const KdaDecodeParams& p, GpuContext& g) {
   if (forced == 2) return kda_decode_fast_ring_cuda(p, g);
 #if KDA_DECODE_V == 2
   const bool traced = p.q_out || p.k_out || p.v_out || p.g_out || p.beta_out || p.o_out;
-  if (forced < 0 && !traced) return kda_decode_fast_cluster_cuda(p, g);
+  if (forced < 0 && !traced && p.n_seq < kTmaMinSeq) return kda_decode_fast_cluster_cuda(p, g);
 #endif
   const bool extended = p.S_seq || p.conv_seq || p.conv_w_k || p.softplus_gate || p.q_out || p.g_out || p.o_out;
   const bool tma = forced >= 0 ? forced == 1 : p.n_seq >= kTmaMinSeq;

@@ -1,5 +1,9 @@
 // kda_fast_decode_cluster.cu: the third version of the fused KDA decode step (kda_fast.h), d_k = d_v = 128.
-// Opt-in at build time (-DKDA_DECODE_V=2, kda_fast_decode.cu's dispatch); NOT YET RUN ON A GPU.
+// The b < 8 decode kernel since session 7 (kda_fast_decode.cu's dispatch; -DKDA_DECODE_V=1 leaves it out).
+// First H200 run (session 7, bench_kda decode; fp64 checks: b = 1 out 0, state 7.1e-8; b = 64 out 4.4e-5,
+// state 1.8e-5): b = 1 7.16-7.36 us (-DKDA_DECODE_PDL=1 6.94-7.08; CL_SPLIT=2 7.7-7.9, =8 7.4-7.6;
+// CL_MIN_BLOCKS=8 7.8-8.0; CL_CS=0 7.7-7.9). At b = 64 0.820 of copy (CL_CS=0: 0.866; the bulk-copy
+// kernel the dispatch keeps there: 0.859).
 //
 // The delta rule is independent per column j of V:  S[:, j] <- alpha * S[:, j];  u_j = beta (v_j - S[:, j] . k);
 // S[:, j] += k u_j;  o_j = S[:, j] . q.  Only the gated RMSNorm (mean of o^2 over the 128 columns) couples
