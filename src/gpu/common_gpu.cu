@@ -141,6 +141,22 @@ void linear(const GpuCtx& c, const LinearWeight& W, const float* x, int64_t n_to
   linear_cuda(W, p, *c.g);
 }
 
+void linear_group(const GpuCtx& c, std::initializer_list<LinearOut> outs, const float* x, int64_t n_tok) {
+  if (n_tok <= 0) return;
+  constexpr int kMax = 8;
+  K3_ASSERT(outs.size() <= size_t(kMax));
+  const LinearWeight* W[kMax];
+  LinearParams p[kMax];
+  int n = 0;
+  for (const LinearOut& o : outs) {
+    W[n] = o.W;
+    p[n].n_tok = n_tok, p[n].x = x, p[n].y = o.y, p[n].x_precision = c.prec;
+    p[n].round_bf16 = o.round && c.bf16();
+    ++n;
+  }
+  linear_group_cuda(W, p, n, *c.g);
+}
+
 void rms_norm(const GpuCtx& c, const float* x, const float* w, float eps, int64_t n_row, int64_t d, float* y,
               int64_t ldx, int64_t ldy) {
   if (n_row <= 0) return;

@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,15 @@ void linear(const GpuCtx& c, const LinearWeight& W, const float* x, int64_t n_to
             bool round = true, bool x_exact = false, int64_t ldx = 0, int64_t ldy = 0);
 // y[i] = bf16(x[i]) for i < n, as bf16 bits, on `stream`.
 void to_bf16_bits(cudaStream_t stream, const float* x, int64_t n, uint16_t* y);
+// One output of linear_group: y = W x, then the bf16 rounding point unless !round.
+struct LinearOut {
+  const LinearWeight* W;
+  float* y;
+  bool round = true;
+};
+// linear() of several weights over one x (dense y): one GEMV launch at decode sizes (ops/linear.h
+// linear_group_cuda), the same results as one linear() each.
+void linear_group(const GpuCtx& c, std::initializer_list<LinearOut> outs, const float* x, int64_t n_tok);
 // RMSNorm rows (ops/rms_norm.h semantics; bf16 mode has the op's two rounding points).
 void rms_norm(const GpuCtx& c, const float* x, const float* w, float eps, int64_t n_row, int64_t d, float* y,
               int64_t ldx = 0, int64_t ldy = 0);

@@ -14,8 +14,7 @@ Status ffn_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const FfnWeights
   DevBuf g, u;
   K3_RETURN_IF_ERROR(g.alloc(c, n_tok * d_ff));
   K3_RETURN_IF_ERROR(u.alloc(c, n_tok * d_ff));
-  linear(c, w.gate_proj, x, n_tok, g.f());
-  linear(c, w.up_proj, x, n_tok, u.f());
+  linear_group(c, {{&w.gate_proj, g.f()}, {&w.up_proj, u.f()}}, x, n_tok);
   GluParams p;
   p.kind = cfg.act == Activation::silu ? GluKind::silu : GluKind::situ;
   p.n_tok = n_tok, p.d = d_ff;

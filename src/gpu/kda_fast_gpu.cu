@@ -162,21 +162,15 @@ Status kda_forward_fast_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWe
   for (DevBuf* b : {&qt, &kt, &vt, &q, &k, &v, &g, &o, &y, &gate})
     K3_RETURN_IF_ERROR(b->alloc(c, n_tok * HK));
   K3_RETURN_IF_ERROR(bt.alloc(c, n_tok * H));
-  linear(c, w.q_proj, x, n_tok, qt.f());
-  linear(c, w.k_proj, x, n_tok, kt.f());
-  linear(c, w.v_proj, x, n_tok, vt.f());
-  linear(c, w.b_proj, x, n_tok, bt.f());
   K3_RETURN_IF_ERROR(fa.alloc(c, n_tok * w.f_a_proj.out));
-  linear(c, w.f_a_proj, x, n_tok, fa.f());
+  DevBuf ga;  // every projection of x in one GEMV launch at decode sizes
+  const bool full_gate = cfg.kda.full_rank_gate;
+  if (!full_gate) K3_RETURN_IF_ERROR(ga.alloc(c, n_tok * w.g_a_proj.out));
+  const LinearOut gate_out = full_gate ? LinearOut{&w.g_proj, gate.f()} : LinearOut{&w.g_a_proj, ga.f()};
+  linear_group(c, {{&w.q_proj, qt.f()}, {&w.k_proj, kt.f()}, {&w.v_proj, vt.f()}, {&w.b_proj, bt.f()},
+                   {&w.f_a_proj, fa.f()}, gate_out}, x, n_tok);
   linear(c, w.f_b_proj, fa.f(), n_tok, g.f());
-  if (cfg.kda.full_rank_gate) {
-    linear(c, w.g_proj, x, n_tok, gate.f());
-  } else {
-    DevBuf ga;
-    K3_RETURN_IF_ERROR(ga.alloc(c, n_tok * w.g_a_proj.out));
-    linear(c, w.g_a_proj, x, n_tok, ga.f());
-    linear(c, w.g_b_proj, ga.f(), n_tok, gate.f());
-  }
+  if (!full_gate) linear(c, w.g_b_proj, ga.f(), n_tok, gate.f());
 
   // One-token sequences: one fused launch over all of them (per-sequence state pointers, uploaded once).
   std::vector<int64_t> rows;

@@ -115,9 +115,15 @@ Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeights
   DevBuf qt, kt, vt, q, k, v, bt, fa, g, o, gate;
   for (DevBuf* b : {&qt, &kt, &vt, &q, &k, &v, &g, &o, &gate}) K3_RETURN_IF_ERROR(b->alloc(c, n_tok * HK));
   K3_RETURN_IF_ERROR(bt.alloc(c, n_tok * H));
-  linear(c, w.q_proj, x, n_tok, qt.f());
-  linear(c, w.k_proj, x, n_tok, kt.f());
-  linear(c, w.v_proj, x, n_tok, vt.f());
+  K3_RETURN_IF_ERROR(fa.alloc(c, n_tok * w.f_a_proj.out));
+  // every projection of x in one GEMV launch at decode sizes (the same results as one linear() each)
+  DevBuf ga;
+  const bool full_gate = cfg.kda.full_rank_gate;
+  if (!full_gate) K3_RETURN_IF_ERROR(ga.alloc(c, n_tok * w.g_a_proj.out));
+  const LinearOut gate_out = full_gate ? LinearOut{&w.g_proj, gate.f()} : LinearOut{&w.g_a_proj, ga.f()};
+  // b_proj: beta = sigmoid(.) below (MODEL.md §13 #16)
+  linear_group(c, {{&w.q_proj, qt.f()}, {&w.k_proj, kt.f()}, {&w.v_proj, vt.f()}, {&w.b_proj, bt.f()},
+                   {&w.f_a_proj, fa.f()}, gate_out}, x, n_tok);
   const int64_t win = int64_t(W - 1) * HK;
   for (const KdaSeqGpu& s : seqs) {
     if (s.n_tok <= 0) continue;
@@ -144,12 +150,9 @@ Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeights
   c.cb("kda_k", layer, k.f(), n_tok * HK);
   c.cb("kda_v", layer, v.f(), n_tok * HK);
 
-  linear(c, w.b_proj, x, n_tok, bt.f());  // beta = sigmoid(.) in fp32, never rounded (MODEL.md §13 #16)
   SigmoidParams sp;
   sp.n_row = n_tok, sp.d = H, sp.x = bt.f(), sp.y = bt.f();
   sigmoid_cuda(sp, *c.g);
-  K3_RETURN_IF_ERROR(fa.alloc(c, n_tok * w.f_a_proj.out));
-  linear(c, w.f_a_proj, x, n_tok, fa.f());
   linear(c, w.f_b_proj, fa.f(), n_tok, g.f());
   gate_kernel<<<blocks_for(n_tok * HK), kThreads, 0, c.stream()>>>(g.f(), w.dt_bias, w.A_log, n_tok, int(H),
                                                                    int(K), cfg.kda.has_gate_lower_bound,
@@ -176,14 +179,7 @@ Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeights
   c.rnd(o.f(), n_tok * HK);
   c.cb("kda_o", layer, o.f(), n_tok * HK);
 
-  if (cfg.kda.full_rank_gate) {
-    linear(c, w.g_proj, x, n_tok, gate.f());
-  } else {
-    DevBuf ga;
-    K3_RETURN_IF_ERROR(ga.alloc(c, n_tok * w.g_a_proj.out));
-    linear(c, w.g_a_proj, x, n_tok, ga.f());
-    linear(c, w.g_b_proj, ga.f(), n_tok, gate.f());
-  }
+  if (!full_gate) linear(c, w.g_b_proj, ga.f(), n_tok, gate.f());
   const int64_t n_row = n_tok * H;
   gated_norm_kernel<<<blocks_for(n_row * 32), kThreads, 0, c.stream()>>>(o.f(), gate.f(), w.o_norm, n_row,
                                                                          int(K), cfg.rms_norm_eps);

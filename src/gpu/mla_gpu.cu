@@ -217,15 +217,15 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
   K3_RETURN_IF_ERROR(q.alloc(c, n_tok * nh * dqk));
   K3_RETURN_IF_ERROR(kv.alloc(c, n_tok * dl));
   K3_RETURN_IF_ERROR(z.alloc(c, n_tok * nh * dv));
+  // the projections of x in one GEMV launch at decode sizes; kv: [n_tok, R + d_rope]
   if (m.q_lora_rank > 0) {
     K3_RETURN_IF_ERROR(cq.alloc(c, n_tok * m.q_lora_rank));
-    linear(c, w.q_a_proj, x, n_tok, cq.f());
+    linear_group(c, {{&w.q_a_proj, cq.f()}, {&w.kv_a_proj_with_mqa, kv.f()}}, x, n_tok);
     rms_norm(c, cq.f(), w.q_a_layernorm, 1e-6f, n_tok, m.q_lora_rank, cq.f());
     linear(c, w.q_b_proj, cq.f(), n_tok, q.f());
   } else {
-    linear(c, w.q_proj, x, n_tok, q.f());
+    linear_group(c, {{&w.q_proj, q.f()}, {&w.kv_a_proj_with_mqa, kv.f()}}, x, n_tok);
   }
-  linear(c, w.kv_a_proj_with_mqa, x, n_tok, kv.f());  // [n_tok, R + d_rope]
   rms_norm(c, kv.f(), w.kv_a_layernorm, 1e-6f, n_tok, R, kv.f(), dl, dl);
   c.cb("mla_q", layer, q.f(), n_tok * nh * dqk);
   c.cb("mla_latent", layer, kv.f(), n_tok * dl);

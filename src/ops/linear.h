@@ -48,6 +48,10 @@ void linear_cpu(const LinearWeight& W, const LinearParams& p, ThreadPool* pool);
 // accumulation; TF32 only if g.allow_tf32), MXFP4 decoded in-kernel. x_precision bf16 allows bf16 tensor-core
 // inputs (x exactly representable); fp32 keeps x exact.
 void linear_cuda(const LinearWeight& W, const LinearParams& p, GpuContext& g);
+// y_i = W_i x for i < n: n linear_cuda calls, every p[i] with the same x, ldx and n_tok (y, ldy, round_bf16
+// may differ). At decode sizes (n_tok <= 8) weights of one dtype and `in` (at most 8) share one GEMV launch:
+// the projections of one input (KDA q, k, v, beta, gate; FFN gate, up) stream as one matrix.
+void linear_group_cuda(const LinearWeight* const* W, const LinearParams* p, int n, GpuContext& g);
 
 // Index of the first scale byte equal to 255 in scale[0..n), or -1.
 int64_t mxfp4_find_bad_scale(const uint8_t* scale, int64_t n);

@@ -111,18 +111,32 @@ __device__ __forceinline__ void decode_chunk(const typename Chunk<K>::T raw, flo
   }
 }
 
-struct GemvArgs {
+// One weight of a GEMV launch: its rows are rows row0 .. row0 + out - 1 of the launch.
+struct GemvSeg {
   const void* w;
   const uint8_t* scale;
-  int64_t out, in, row_bytes;
-  const float* x;  // [n_tok, in], row stride ldx
-  int64_t ldx;
   float* y;  // [n_tok, out], row stride ldy
-  int64_t ldy;
-  int n_tok;
-  bool x_vec;  // x and ldx allow float4 loads
+  int64_t ldy, row0, out;
   bool round;  // y rounded to bf16 (kept in fp32)
 };
+constexpr int kGemvMaxSeg = 8;
+
+struct GemvArgs {
+  GemvSeg seg[kGemvMaxSeg];  // the launch's weights (same dtype and in), rows stacked in order
+  int n_seg;
+  int64_t out, in, row_bytes;  // out: the rows of all segments
+  const float* x;              // [n_tok, in], row stride ldx
+  int64_t ldx;
+  int n_tok;
+  bool x_vec;  // x and ldx allow float4 loads
+};
+
+// The segment of launch row o (o < a.out).
+__device__ __forceinline__ const GemvSeg& seg_of(const GemvArgs& a, int64_t o) {
+  int s = 0;
+  while (s + 1 < a.n_seg && o >= a.seg[s + 1].row0) ++s;
+  return a.seg[s];
+}
 
 // One CTA takes R output rows at a time (row group g = blockIdx.x, + gridDim.x, ...: every CTA gets the same
 // number of groups to within one) and its kGemvThreads threads split the group's chunks: thread i loads chunk
@@ -131,7 +145,8 @@ struct GemvArgs {
 // token does not depend on n_tok or on the grid). NT: the tokens the accumulators hold (1, or kGemvMaxTok
 // with n_tok <= NT at run time).
 template <WK K, bool VEC, int R, int NT>
-__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
+__global__ void __launch_bounds__(kGemvThreads, NT == 1 && R == 1 ? 8 : 1)  // 1-row: 8 CTAs per SM
+    gemv_kernel(const __grid_constant__ GemvArgs a) {
   constexpr int kWarps = kGemvThreads / 32;
   __shared__ float part[kWarps][R * NT];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -143,7 +158,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
   if (blockIdx.x < n_group)
     for (int r = 0; r < R; ++r) {
       const int64_t o = std::min<int64_t>(int64_t(blockIdx.x) * R + r, a.out - 1);
-      const char* row = static_cast<const char*>(a.w) + o * a.row_bytes;
+      const GemvSeg& s = seg_of(a, o);
+      const char* row = static_cast<const char*>(s.w) + (o - s.row0) * a.row_bytes;
       for (int64_t b = int64_t(threadIdx.x) * 128; b < a.row_bytes; b += int64_t(kGemvThreads) * 128)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(row + b));
     }
@@ -165,11 +181,13 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
       const uint8_t* srow[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        wrow[r] = reinterpret_cast<const T*>(static_cast<const uint8_t*>(a.w) + row[r] * a.row_bytes);
-        srow[r] = K == WK::mxfp4 ? a.scale + row[r] * (a.in / 32) : nullptr;
+        const GemvSeg& s = seg_of(a, row[r]);
+        const int64_t o = row[r] - s.row0;
+        wrow[r] = reinterpret_cast<const T*>(static_cast<const uint8_t*>(s.w) + o * a.row_bytes);
+        srow[r] = K == WK::mxfp4 ? s.scale + o * (a.in / 32) : nullptr;
       }
       const int64_t n_chunk = a.in / E;
-#pragma unroll 2
+#pragma unroll(R == 1 ? 4 : 2)  // loads in flight per thread: 4 (R = 1) or 8
       for (int64_t v = threadIdx.x; v < n_chunk; v += kGemvThreads) {
         T raw[R];
 #pragma unroll
@@ -206,10 +224,18 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
         }
       }
     } else {
+      const void* w_of[R];
+      const uint8_t* s_of[R];
+      int64_t o_of[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const GemvSeg& s = seg_of(a, row[r]);
+        w_of[r] = s.w, s_of[r] = s.scale, o_of[r] = row[r] - s.row0;
+      }
       for (int64_t c = threadIdx.x; c < a.in; c += kGemvThreads) {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          const float w = weight_at<K>(a.w, a.scale, a.in, row[r], c);
+          const float w = weight_at<K>(w_of[r], s_of[r], a.in, o_of[r], c);
 #pragma unroll
           for (int t = 0; t < NT; ++t)
             if (t < n_tok) acc[r][t] += w * a.x[t * a.ldx + c];
@@ -231,7 +257,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
         float s = 0.f;
 #pragma unroll
         for (int q = 0; q < kWarps; ++q) s += part[q][threadIdx.x];
-        a.y[t * a.ldy + o0 + r] = a.round ? round_bf16_dev(s) : s;
+        const GemvSeg& sg = seg_of(a, o0 + r);
+        sg.y[t * sg.ldy + (o0 + r - sg.row0)] = sg.round ? round_bf16_dev(s) : s;
       }
     }
     __syncthreads();  // part is rewritten by the next group
@@ -317,15 +344,48 @@ void gemv_launch(const GemvArgs& a, GpuContext& g) {
 }
 
 template <WK K>
-void gemv(const LinearWeight& W, const GemvArgs& a, GpuContext& g) {
-  constexpr size_t word = sizeof(typename Chunk<K>::T);
-  const bool vec = reinterpret_cast<uintptr_t>(W.w) % word == 0 && a.row_bytes % int64_t(word) == 0;
+void gemv(const GemvArgs& a, bool vec, GpuContext& g) {
   if (!vec)  // rows not aligned to the load width: the scalar loop, any n_tok <= kGemvMaxTok
     gemv_launch<K, false, kGemvMaxTok>(a, g);
   else if (a.n_tok == 1)
     gemv_launch<K, true, 1>(a, g);
   else
     gemv_launch<K, true, kGemvMaxTok>(a, g);
+}
+
+size_t load_bytes(WK k) {  // sizeof(Chunk<K>::T)
+  return k == WK::fp8 ? 8 : k == WK::mxfp4 ? 4 : 16;
+}
+int64_t row_bytes(WK k, int64_t in) {
+  return k == WK::mxfp4 ? in / 2 : in * int64_t(k == WK::f32 ? 4 : k == WK::fp8 ? 1 : 2);
+}
+
+// y_i = W_i x for i < n in one GEMV launch: n <= kGemvMaxSeg weights of kind k and one `in`, every p[i] with
+// p[0]'s x, ldx and n_tok <= kGemvMaxTok.
+void gemv_group(WK k, const LinearWeight* const* W, const LinearParams* p, int n, GpuContext& g) {
+  GemvArgs a{};
+  a.n_seg = n, a.in = W[0]->in, a.row_bytes = row_bytes(k, a.in);
+  a.x = p[0].x, a.ldx = p[0].ldx ? p[0].ldx : a.in, a.n_tok = int(p[0].n_tok);
+  a.x_vec = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.ldx % 4 == 0;
+  bool vec = a.row_bytes % int64_t(load_bytes(k)) == 0;
+  for (int i = 0; i < n; ++i) {
+    a.seg[i] = GemvSeg{W[i]->w, W[i]->scale, p[i].y, p[i].ldy ? p[i].ldy : W[i]->out, a.out, W[i]->out,
+                       p[i].round_bf16};
+    a.out += W[i]->out;
+    vec = vec && reinterpret_cast<uintptr_t>(W[i]->w) % load_bytes(k) == 0;
+  }
+  switch (k) {
+    case WK::f32:
+      return gemv<WK::f32>(a, vec, g);
+    case WK::bf16:
+      return gemv<WK::bf16>(a, vec, g);
+    case WK::f16:
+      return gemv<WK::f16>(a, vec, g);
+    case WK::fp8:
+      return gemv<WK::fp8>(a, vec, g);
+    case WK::mxfp4:
+      return gemv<WK::mxfp4>(a, vec, g);
+  }
 }
 
 template <WK K, class T>
@@ -457,26 +517,21 @@ void linear_cuda(const LinearWeight& W, const LinearParams& p, GpuContext& g) {
     }
     return;
   }
-  GemvArgs a{W.w, W.scale, W.out, W.in, 0, p.x, ldx, p.y, ldy, int(p.n_tok), false, p.round_bf16};
-  a.row_bytes = k == WK::mxfp4 ? W.in / 2 : W.in * int64_t(k == WK::f32 ? 4 : k == WK::fp8 ? 1 : 2);
-  a.x_vec = reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && ldx % 4 == 0;
-  switch (k) {
-    case WK::f32:
-      gemv<WK::f32>(W, a, g);
-      break;
-    case WK::bf16:
-      gemv<WK::bf16>(W, a, g);
-      break;
-    case WK::f16:
-      gemv<WK::f16>(W, a, g);
-      break;
-    case WK::fp8:
-      gemv<WK::fp8>(W, a, g);
-      break;
-    case WK::mxfp4:
-      gemv<WK::mxfp4>(W, a, g);
-      break;
+  const LinearWeight* w = &W;
+  gemv_group(k, &w, &p, 1, g);
+}
+
+void linear_group_cuda(const LinearWeight* const* W, const LinearParams* p, int n, GpuContext& g) {
+  if (n <= 0) return;
+  bool one = n <= kGemvMaxSeg && p[0].n_tok <= kGemvMaxTok && W[0]->in > 0;
+  for (int i = 0; i < n && one; ++i)
+    one = p[i].n_tok == p[0].n_tok && p[i].x == p[0].x && p[i].ldx == p[0].ldx && W[i]->in == W[0]->in &&
+          W[i]->out > 0 && kind_of(*W[i]) == kind_of(*W[0]);
+  if (!one || p[0].n_tok <= 0) {
+    for (int i = 0; i < n; ++i) linear_cuda(*W[i], p[i], g);
+    return;
   }
+  gemv_group(kind_of(*W[0]), W, p, n, g);
 }
 
 }  // namespace k3
