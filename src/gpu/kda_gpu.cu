@@ -82,9 +82,10 @@ __global__ void gate_kernel(float* g, const float* dt_bias, const float* A_log, 
   }
 }
 
-// One warp per (token, head) row of K: o <- o rsqrt(mean(o^2) + eps) w sigmoid(gate).
+// One warp per (token, head) row of K: o <- o rsqrt(mean(o^2) + eps) w sigmoid(gate), then the bf16
+// rounding point when bf16.
 __global__ void gated_norm_kernel(float* o, const float* gate, const float* w, int64_t n_row, int K,
-                                  float eps) {
+                                  float eps, bool bf16) {
   k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -95,7 +96,10 @@ __global__ void gated_norm_kernel(float* o, const float* gate, const float* w, i
   for (int d = lane; d < K; d += 32) ss += oh[d] * oh[d];
   for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
   const float inv = 1.f / sqrtf(ss / float(K) + eps);
-  for (int d = lane; d < K; d += 32) oh[d] = oh[d] * inv * w[d] * (1.f / (1.f + expf(-gh[d])));
+  for (int d = lane; d < K; d += 32) {
+    const float y = oh[d] * inv * w[d] * (1.f / (1.f + expf(-gh[d])));
+    oh[d] = bf16 ? round_bf16_dev(y) : y;
+  }
 }
 
 }  // namespace
@@ -182,8 +186,7 @@ Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeights
   if (!full_gate) linear(c, w.g_b_proj, ga.f(), n_tok, gate.f());
   const int64_t n_row = n_tok * H;
   gated_norm_kernel<<<blocks_for(n_row * 32), kThreads, 0, c.stream()>>>(o.f(), gate.f(), w.o_norm, n_row,
-                                                                         int(K), cfg.rms_norm_eps);
-  c.rnd(o.f(), n_tok * HK);
+                                                                         int(K), cfg.rms_norm_eps, c.bf16());
   c.cb("kda_gated", layer, o.f(), n_tok * HK);
   linear(c, w.o_proj, o.f(), n_tok, out);
   return launch_status("kda layer");

@@ -59,6 +59,7 @@ __global__ void absorb_q_kernel(float* qh, const float* q, const float* kvb, int
   }
   const float* Wuk = kvb + int64_t(h) * wkv * R;
   float acc = 0.f;
+#pragma unroll 16  // 16 loads of W in flight per thread (the sum stays in order)
   for (int a = 0; a < dn; ++a) acc += qn[a] * Wuk[int64_t(a) * R + j];
   qh[i] = acc;
 }
@@ -290,7 +291,7 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
     // MQA over the latent rows: k = [c | r], v = c.
     float* qs = qh.f() + s.row0 * nh * dl;
     float* zs = zh.f() + s.row0 * nh * R;
-    absorb_q_kernel<<<blocks_for(s.n_tok * nh * dl), kThreads, 0, c.stream()>>>(
+    absorb_q_kernel<<<blocks_for(s.n_tok * nh * dl, 128), 128, 0, c.stream()>>>(  // 432 CTAs at b1
         qs, q.f() + s.row0 * nh * dqk, w.kv_b_f32, s.n_tok, nh, dn, dr, R, wkv);
     c.rnd(qs, s.n_tok * nh * dl);  // bf16 mode: q^ in bf16 (model/mla.cpp)
     if (fast_decode && !sparse) {

@@ -132,17 +132,23 @@ __global__ void __launch_bounds__(kSimpleThreads)
 __global__ void mla_combine(MlaDecodeParams p, int n_split, const float* part_o, const float* part_ml) {
   const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x * 4;
   float M = -INFINITY;
+#pragma unroll 8
   for (int s = 0; s < n_split; ++s) M = fmaxf(M, part_ml[((size_t(b) * n_split + s) * p.n_head + h) * 2]);
   float L = 0.f;
   float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+  // In split order; an empty split (m = -inf, its partials never written) adds nothing. Selects instead of a
+  // branch, so the unrolled loads of 8 splits are in flight together (a branch per split kept one: 20 us for
+  // 33 splits at batch 1, session 7's ncu).
+#pragma unroll 8
   for (int s = 0; s < n_split; ++s) {
     const size_t i = (size_t(b) * n_split + s) * p.n_head + h;
-    const float m = part_ml[i * 2];
-    if (m == -INFINITY) continue;  // empty split
-    const float w = __expf(m - M);
-    L += w * part_ml[i * 2 + 1];
+    const float m = part_ml[i * 2], l = part_ml[i * 2 + 1];
     const float4 v = *reinterpret_cast<const float4*>(part_o + i * kMlaLatent + d);
-    o.x += w * v.x, o.y += w * v.y, o.z += w * v.z, o.w += w * v.w;
+    const bool live = m != -INFINITY;
+    const float w = live ? __expf(m - M) : 0.f;
+    L += live ? w * l : 0.f;
+    o.x += live ? w * v.x : 0.f, o.y += live ? w * v.y : 0.f;
+    o.z += live ? w * v.z : 0.f, o.w += live ? w * v.w : 0.f;
   }
   const float r = 1.f / L;
   *reinterpret_cast<float4*>(p.out + (size_t(b) * p.n_head + h) * kMlaLatent + d) =

@@ -589,6 +589,173 @@ __global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_ring_kern
   dec_finish<DUAL>(a, t, accA, accB, part);
 }
 
+// ---- decode, table version: experts_decode_lut_kernel (bench variants 12-14; n_tok <= 2) ----
+// The work split of experts_decode_kernel (block = (tile, 16 neurons gate + up / 32 down rows), 4 warps
+// splitting the reduction, DEPTH chunks of loads in flight per warp), with the decode of moe_experts_layout.h's
+// table version: a byte -> bf16x2 table in shared memory, one copy per lane (one prmt + one conflict-free load
+// per weight byte), and the E8M0 scale applied to fp32 per-group partial sums (MMA column n = (group n / 2,
+// token n % 2)) instead of to every pair. Rows of a lane's operands: gate / up (DUAL) A = (w1, w3) rows n0 + g
+// (MMA rows g, g + 8), B = the same for n0 + 8 + g; down A = w2 rows n0 + g, n0 + 8 + g, B = n0 + 16 + g,
+// n0 + 24 + g. Activations stay in natural column order (z and h), staged once per block in the table's gaps.
+constexpr int kLutSmem = moe::kLutBytes + (kDecWarps - 1) * 32 * 8 * 4;
+
+struct LutLoads {  // one lane's loads of one chunk: its 32-column group of 4 rows (see above), exponents
+  uint4 w[4];
+  uint32_t ex[4];
+};
+
+__device__ __forceinline__ uint32_t lut_get(const char* lut, uint32_t w, int k, uint32_t lane) {
+  return *reinterpret_cast<const uint32_t*>(lut + moe::lut_addr(w, k, lane));
+}
+
+// the chunk's 8 k16 steps (byte 2 s / 2 s + 1 of the group: a0 / a2 of rows g, a1 / a3 of rows g + 8) into fresh
+// accumulators, then acc += 2^(e - 127) * partial (fp32, exact scaling) per row
+__device__ __forceinline__ void lut_chunk(const LutLoads& d, const uint4 (&x)[4], const char* lut, uint32_t lane,
+                                          float (&accA)[4], float (&accB)[4]) {
+  float ca[4] = {0.f, 0.f, 0.f, 0.f}, cb[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int wi = 0; wi < 4; ++wi) {
+    const uint32_t wa0 = (&d.w[0].x)[wi], wa1 = (&d.w[1].x)[wi], wb0 = (&d.w[2].x)[wi], wb1 = (&d.w[3].x)[wi];
+    const uint32_t xb[4] = {x[wi].x, x[wi].y, x[wi].z, x[wi].w};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t fa[4] = {lut_get(lut, wa0, 2 * h, lane), lut_get(lut, wa1, 2 * h, lane),
+                              lut_get(lut, wa0, 2 * h + 1, lane), lut_get(lut, wa1, 2 * h + 1, lane)};
+      const uint32_t fb[4] = {lut_get(lut, wb0, 2 * h, lane), lut_get(lut, wb1, 2 * h, lane),
+                              lut_get(lut, wb0, 2 * h + 1, lane), lut_get(lut, wb1, 2 * h + 1, lane)};
+      mma_bf16(ca, fa, xb[2 * h], xb[2 * h + 1]);
+      mma_bf16(cb, fb, xb[2 * h], xb[2 * h + 1]);
+    }
+  }
+  float sc[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) sc[k] = __uint_as_float(moe::e8m0_f32_bits(d.ex[k]));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // accumulator i: row g + (i / 2) * 8, column 2 q + i % 2
+    accA[i] = fmaf(ca[i], sc[i >> 1], accA[i]);
+    accB[i] = fmaf(cb[i], sc[2 + (i >> 1)], accB[i]);
+  }
+}
+
+template <bool DUAL, int DEPTH, int MINB>
+__global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_lut_kernel(GemmArgs a) {
+  extern __shared__ uint4 lut_smem[];  // [kLutBytes] table + staged activations, then the partial sums
+  char* lut = reinterpret_cast<char*>(lut_smem);
+  float(*part)[32][8] = reinterpret_cast<float(*)[32][8]>(lut + moe::kLutBytes);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+  const int4 ti = a.tiles[blockIdx.x];  // (expert, first sorted row, rows <= kLutTok)
+  if (ti.x < 0) return;
+  const int r0 = ti.y, n_r = ti.z, K = a.K;
+  const MoeExpertPtrs ep = a.experts[ti.x];
+  constexpr int kNeur = DUAL ? 16 : 32;
+  const int n0 = blockIdx.y * kNeur;
+  const uint8_t* wp[4] = {DUAL ? ep.w1 : ep.w2, DUAL ? ep.w3 : ep.w2, DUAL ? ep.w1 : ep.w2, DUAL ? ep.w3 : ep.w2};
+  const uint8_t* sp[4] = {DUAL ? ep.s1 : ep.s2, DUAL ? ep.s3 : ep.s2, DUAL ? ep.s1 : ep.s2, DUAL ? ep.s3 : ep.s2};
+  const int row[4] = {n0 + g, DUAL ? n0 + g : n0 + 8 + g, DUAL ? n0 + 8 + g : n0 + 16 + g,
+                      DUAL ? n0 + 8 + g : n0 + 24 + g};
+  const int n_chunk = (K + moe::kChunk - 1) / moe::kChunk, per = (n_chunk + kDecWarps - 1) / kDecWarps;
+  const int c_begin = warp * per, c_end = min(n_chunk, c_begin + per);
+  LutLoads buf[DEPTH + 1];
+  auto load = [&](int c, LutLoads& d) {
+    const int col = c * moe::kChunk + q * 32;
+    const bool ok = c < c_end && col < K;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) load_group(d.w[k], d.ex[k], wp[k], sp[k], K, a.n_out, row[k], col, ok);
+  };
+#pragma unroll
+  for (int i = 0; i < DEPTH; ++i) load(c_begin + i, buf[i]);  // in flight while the block sets up
+  {  // the tile's activation rows into the gaps (cp.async), then the table (one copy per lane)
+    static_assert(moe::kLutTok == 2, "two activation rows");
+    const __nv_bfloat16* x0 = a.x + size_t(DUAL ? a.order[r0] / a.k : r0) * K;
+    const __nv_bfloat16* x1 = n_r > 1 ? a.x + size_t(DUAL ? a.order[r0 + 1] / a.k : r0 + 1) * K : x0;
+    const int units = K / 8;  // 16-byte units of a row
+    for (int i = tid; i < n_r * units; i += kDecWarps * 32) {
+      const int t = i >= units, u = i - t * units;
+      cp_async16(lut + moe::lut_x_off(t, u >> 2) + (u & 3) * 16, (t ? x1 : x0) + u * 8, true);
+    }
+    cp_async_commit();
+    static_assert(kDecWarps * 32 == 128, "table fill: 16 low nibbles x 8 16-byte pieces");
+    const int j = tid & 7, lo = tid >> 3;
+    const uint32_t flo = moe::e2m1x2_bf16x2(uint32_t(lo)) & 0xffffu;
+#pragma unroll
+    for (int hi = 0; hi < 16; ++hi) {
+      const uint32_t v = flo | (moe::e2m1x2_bf16x2(uint32_t(hi)) << 16);
+      *reinterpret_cast<uint4*>(lut + (hi * 16 + lo) * 256 + j * 16) = make_uint4(v, v, v, v);
+    }
+    cp_async_wait_all();
+    __syncthreads();
+  }
+  // B operand: lane (g, q) feeds token g % 2 where g / 2 == q, zeros elsewhere
+  const int tok = g & 1;
+  const bool own = (g >> 1) == q && tok < n_r;
+  float accA[4] = {0.f, 0.f, 0.f, 0.f}, accB[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int c = c_begin; c < c_end; c += DEPTH + 1) {
+#pragma unroll
+    for (int j = 0; j <= DEPTH; ++j) {
+      load(c + j + DEPTH, buf[(j + DEPTH) % (DEPTH + 1)]);  // past c_end: predicated off
+      if (c + j >= c_end) break;                            // warp-uniform
+      const int G = (c + j) * 4 + q;
+      uint4 x[4];
+      const bool okx = own && G * 32 < K;
+#pragma unroll
+      for (int wi = 0; wi < 4; ++wi)
+        x[wi] = okx ? *reinterpret_cast<const uint4*>(lut + moe::lut_x_off(tok, G) + wi * 16) : make_uint4(0, 0, 0, 0);
+      lut_chunk(buf[j], x, lut, uint32_t(lane), accA, accB);
+    }
+  }
+  // the 4 lanes of a row hold its 4 groups' sums: add them (all 4 lanes get the total), then the warps'
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    accA[i] += __shfl_xor_sync(0xffffffffu, accA[i], 1), accB[i] += __shfl_xor_sync(0xffffffffu, accB[i], 1);
+    accA[i] += __shfl_xor_sync(0xffffffffu, accA[i], 2), accB[i] += __shfl_xor_sync(0xffffffffu, accB[i], 2);
+  }
+  if (warp > 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) part[warp - 1][lane][i] = accA[i], part[warp - 1][lane][4 + i] = accB[i];
+  }
+  __syncthreads();
+  if (warp > 0 || q >= n_r) return;  // lane q < n_r of a row stores token q
+#pragma unroll
+  for (int w = 0; w < kDecWarps - 1; ++w)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) accA[i] += part[w][lane][i], accB[i] += part[w][lane][4 + i];
+  const float v[4] = {q ? accA[1] : accA[0], q ? accA[3] : accA[2], q ? accB[1] : accB[0], q ? accB[3] : accB[2]};
+  if constexpr (DUAL) {  // v = gate, up of neuron n0 + g, then of n0 + 8 + g; h in natural order
+#pragma unroll
+    for (int o = 0; o < 2; ++o) {
+      const int neuron = n0 + 8 * o + g;
+      if (neuron >= a.n_out) continue;
+      const float gv = round_bf16_dev(v[2 * o]), uv = round_bf16_dev(v[2 * o + 1]);
+      a.out[size_t(r0 + q) * a.n_out + neuron] = __float2bfloat16_rn(act_dev(a.act, gv, uv, a.beta1, a.beta2));
+    }
+  } else {  // v = rows n0 + g, + 8, + 16, + 24
+    const size_t orow = size_t(a.order[r0 + q]) * a.n_out;
+#pragma unroll
+    for (int o = 0; o < 4; ++o)
+      if (n0 + 8 * o + g < a.n_out) a.out[orow + n0 + 8 * o + g] = __float2bfloat16_rn(v[o]);
+  }
+}
+
+template <int DEPTH, int MINB>
+void launch_decode_lut(const GemmArgs& a, unsigned max_tiles, int n_neur_blocks, bool dual, GpuContext& g) {
+  auto k = dual ? experts_decode_lut_kernel<true, DEPTH, MINB> : experts_decode_lut_kernel<false, DEPTH, MINB>;
+  static std::atomic<bool> sized[64] = {};  // the >48 KB opt-in is a per-device function attribute
+  int dev = 0;
+  K3_CUDA_ASSERT(cudaGetDevice(&dev));
+  if (dev >= 64 || !sized[dev].load()) {
+    for (auto f : {experts_decode_lut_kernel<true, DEPTH, MINB>, experts_decode_lut_kernel<false, DEPTH, MINB>})
+      K3_CUDA_ASSERT(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kLutSmem));
+    if (dev < 64) sized[dev] = true;
+  }
+  k<<<dim3(max_tiles, unsigned(n_neur_blocks)), kDecWarps * 32, kLutSmem, g.stream>>>(a);
+  K3_CUDA_LAUNCH_CHECK();
+}
+
+// the table version applies when every tile has <= 2 rows and both reduction lengths fit the gaps
+[[maybe_unused]] bool decode_lut_ok(const MoeExpertsParams& p) {
+  return p.n_tok <= moe::kLutTok && p.d_in <= moe::kLutMaxK && p.d_ff <= moe::kLutMaxK;
+}
+
 // RING > 0: the shared-memory version with RING stages; else the register version with DEPTH chunks in flight
 template <int RING, int DEPTH, int MINB>
 void launch_decode(const GemmArgs& a, unsigned max_tiles, int n_neur_blocks, bool dual, GpuContext& g) {
@@ -614,7 +781,8 @@ void launch_decode(const GemmArgs& a, unsigned max_tiles, int n_neur_blocks, boo
   K3_CUDA_LAUNCH_CHECK();
 }
 
-template <int RING, int DEPTH, int MINB>
+// LUT: the table version (decode_lut_ok(p); activations in natural order)
+template <int RING, int DEPTH, int MINB, bool LUT = false>
 void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g) {
   constexpr int BT = moe::kDecodeTile;
   const unsigned max_tiles = unsigned(decode_tiles(n_rows, p.n_expert));
@@ -623,6 +791,12 @@ void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, Gpu
   K3_CUDA_LAUNCH_CHECK();
   GemmArgs a{p.experts, s.tiles, s.offsets, s.tile_start, s.order, p.n_expert, p.k,
              p.d_ff,    p.d_in,  s.zb,      s.h,          p.act,   p.beta1,    p.beta2};
+  if constexpr (LUT) {
+    launch_decode_lut<DEPTH, MINB>(a, max_tiles, (p.d_ff + 15) / 16, true, g);
+    a.n_out = p.d_in, a.K = p.d_ff, a.x = s.h, a.out = s.o;
+    launch_decode_lut<DEPTH, MINB>(a, max_tiles, (p.d_in + 31) / 32, false, g);
+    return;
+  }
   launch_decode<RING, DEPTH, MINB>(a, max_tiles, (p.d_ff + 15) / 16, true, g);
   a.n_out = p.d_in, a.K = p.d_ff, a.x = s.h, a.out = s.o;
   launch_decode<RING, DEPTH, MINB>(a, max_tiles, (p.d_in + 31) / 32, false, g);
@@ -666,7 +840,9 @@ constexpr int kRingMinTok = 2;
 // 3 = prefill BT 80, 4 = prefill BT 80 + replicated table, 5 = decode on the tensor-core tile kernel (the
 // decode path before session 5), 6 / 7 = the decode kernel's register version with 2 / 3 chunks in flight
 // per warp, 8 = the register version sized for 5 blocks per SM (some spills), 9 / 10 = the shared-memory
-// ring version with 3 / 4 stages, 11 = the register version (1 in flight, 4 blocks per SM) at every n_tok.
+// ring version with 3 / 4 stages, 11 = the register version (1 in flight, 4 blocks per SM) at every n_tok,
+// 12 / 13 / 14 = the table version (experts_decode_lut_kernel) with 1 / 2 / 3 chunks in flight per warp where
+// decode_lut_ok (n_tok <= 2), else the default.
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 
 void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g) { moe_experts_cuda_variant(p, g, 0); }
@@ -682,16 +858,23 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
       p.path == MoePath::decode || (p.path == MoePath::automatic && p.n_tok <= kMoeDecodeMaxTok);
 #ifdef K3_MOE_VARIANTS
   const bool stream = decode && variant != 1 && variant != 4 && variant != 5;  // the decode kernel
+  const bool lut = stream && variant >= 12 && variant <= 14 && decode_lut_ok(p);  // its table version
 #else
-  const bool stream = decode;
+  const bool stream = decode, lut = false;
   (void)variant;
 #endif
   to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
-      p.z, p.ldz ? p.ldz : p.d_in, p.n_tok, p.d_in, stream, s.zb);
+      p.z, p.ldz ? p.ldz : p.d_in, p.n_tok, p.d_in, stream && !lut, s.zb);
   K3_CUDA_LAUNCH_CHECK();
   if (stream) {
 #ifdef K3_MOE_VARIANTS
-    if (variant == 6)
+    if (lut && variant == 12)
+      run_decode<0, 1, 3, true>(p, s, n_rows, g);
+    else if (lut && variant == 13)
+      run_decode<0, 2, 3, true>(p, s, n_rows, g);
+    else if (lut && variant == 14)
+      run_decode<0, 3, 3, true>(p, s, n_rows, g);
+    else if (variant == 6)
       run_decode<0, 2, 3>(p, s, n_rows, g);
     else if (variant == 7)
       run_decode<0, 3, 2>(p, s, n_rows, g);

@@ -85,4 +85,34 @@ K3_HD int unit_pos(int c) {
   return (0x13570246 >> (4 * c)) & 7;
 }
 
+// ---- the table version of the decode kernel (experts_decode_lut_kernel; bench variants 12-14, n_tok <= 2) ----
+// Weights become bf16 pairs through a shared-memory table of byte -> e2m1x2_bf16x2(byte) (unscaled, so every
+// entry is a normal bf16: exact), one copy per lane so that 32 random lookups never share a bank: entry b of
+// lane l at byte lut_addr = b * 256 + 4 l, one prmt away from a weight word (the byte next to the lane's
+// offset). The other 128 bytes of each 256 hold the staged activations (lut_x_off). The E8M0 scale is not
+// applied per pair: each MMA's 8 token columns are (group of the lane's 32 columns, token) pairs, n = 2 q + t,
+// so column n only sums the k of group q = n / 2: lane (g, q) feeds B = x of token g % 2 where g / 2 == q and
+// zeros elsewhere, and its accumulators c0 / c2 (token 0) and c1 / c3 (token 1) of rows g / g + 8 are the
+// chunk's group-q partial sums, which it scales by 2^(e - 127) in fp32 (exact) into its running sums.
+constexpr int kLutTok = 2;                   // token columns per tile (a tile of the table version has <= 2 rows)
+constexpr int kLutBytes = 256 * 256;         // the table and, in its gaps, the activations
+constexpr int kLutMaxK = 128 * 2 * 32;       // a token's gaps: 128 of 2 groups of 32 columns (K <= 8192)
+
+K3_HD uint32_t lut_addr(uint32_t w, int k, uint32_t lane) {  // byte k (0..3) of weight word w, lane 0..31
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(w, lane << 2, 0x5504u | (uint32_t(k) << 4));
+#else
+  return (((w >> (8 * k)) & 0xffu) << 8) | (lane << 2);
+#endif
+}
+// where group G (32 columns, 64 bytes) of token t's activations is staged: the gap of entry t * 128 + G / 2
+K3_HD uint32_t lut_x_off(int t, int G) {
+  return uint32_t(t * 128 + (G >> 1)) * 256u + 128u + uint32_t(G & 1) * 64u;
+}
+// E8M0 e as fp32 bits: 2^(e - 127); e = 0 is the subnormal 2^-127 (0x00400000 > 0 << 23)
+K3_HD uint32_t e8m0_f32_bits(uint32_t e) {
+  const uint32_t b = e << 23;
+  return b > 0x00400000u ? b : 0x00400000u;
+}
+
 }  // namespace k3::moe
