@@ -64,6 +64,20 @@ void GpuCtx::rnd(float* x, int64_t n) const {
   round_bf16_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x, n);
 }
 
+void GpuCtx::cb_i32(const char* name, int layer, const int32_t* x, int64_t n) const {
+  if (!tracing() || n <= 0) return;
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  cudaError_t e = cudaMemcpyAsync(v.data(), x, size_t(n) * 4, cudaMemcpyDeviceToHost, stream());
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream());
+  if (e != cudaSuccess) {
+    if (guard && guard->ok())
+      *guard = error(Code::internal, std::string("trace copy of '") + name + "': " + cudaGetErrorString(e));
+    return;
+  }
+  host->assign(v.begin(), v.end());
+  (*trace)(name, layer, host->data(), n);
+}
+
 void GpuCtx::cb(const char* name, int layer, const float* x, int64_t n) const {
   const bool tracing = trace && *trace;
 #ifdef NDEBUG

@@ -51,9 +51,12 @@ struct GpuCtx {
   DeviceArena* arena = nullptr;        // set: DevBuf scratch comes from here (model_gpu.cu graph steps)
 
   bool bf16() const { return prec == Precision::bf16; }
+  bool tracing() const { return trace && *trace; }
   cudaStream_t stream() const { return g->stream; }
   void rnd(float* x, int64_t n) const;
   void cb(const char* name, int layer, const float* x, int64_t n) const;
+  // cb for int32 values (handed to the hook as floats; only when tracing)
+  void cb_i32(const char* name, int layer, const int32_t* x, int64_t n) const;
 };
 
 // Stream-ordered device buffer of floats (or raw bytes through alloc_bytes).

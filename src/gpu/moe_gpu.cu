@@ -93,12 +93,19 @@ Status routed_fused(const GpuCtx& c, const ModelConfig& cfg, const MoeWeightsGpu
     linear(c, w.latent_down, x, n_tok, z.f());
     zp = z.f();
   }
+  if (c.tracing()) {  // the router logits, dense (the fused GEMM's rows hold the latent after them)
+    DevBuf lg;
+    K3_RETURN_IF_ERROR(lg.alloc(c, n_tok * E));
+    copy_rows(c, lg.f(), E, h.f(), ld, n_tok, E);
+    c.cb("moe_logits", layer, lg.f(), n_tok * E);
+  }
   MoeRouteParams rp;
   rp.n_tok = n_tok, rp.n_expert = int(E), rp.k = int(k), rp.logits = h.f(), rp.ld = ld, rp.bias = w.bias;
   rp.renormalize = m.renormalize, rp.scaling = m.routed_scaling_factor;
   rp.sel = sel.as<int32_t>(), rp.wt = wt.f();
   K3_RETURN_IF_ERROR(moe_route_check(rp));
   moe_route_cuda(rp, *c.g);
+  c.cb_i32("moe_sel", layer, sel.as<int32_t>(), n_tok * k);
   c.cb("moe_weights", layer, wt.f(), n_tok * k);
   // token chunks bound the scratch (sorted rows x (d_ff + d_latent) bf16)
   constexpr int64_t kChunkTok = 2048;
@@ -152,12 +159,14 @@ Status moe_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MoeWeights
   K3_RETURN_IF_ERROR(wt.alloc(c, n_tok * k));
   K3_RETURN_IF_ERROR(sel.alloc_bytes(c, size_t(n_tok * k) * 4));
   linear(c, w.gate, x, n_tok, s.f(), /*round=*/false);
+  c.cb("moe_logits", layer, s.f(), n_tok * E);
   SigmoidParams sp;
   sp.n_row = n_tok, sp.d = E, sp.x = s.f(), sp.y = s.f();
   sigmoid_cuda(sp, *c.g);
   route_kernel<<<blocks_for(n_tok, 128), 128, 0, c.stream()>>>(s.f(), w.bias, n_tok, int(E), int(k),
                                                                m.renormalize, m.routed_scaling_factor,
                                                                sel.as<int32_t>(), wt.f());
+  c.cb_i32("moe_sel", layer, sel.as<int32_t>(), n_tok * k);
   c.cb("moe_weights", layer, wt.f(), n_tok * k);
 
   DevBuf z;

@@ -35,6 +35,7 @@ struct Ctx {
   ParallelHooks* par = nullptr;    // parallel layout (model/parallel.h); nullptr: one rank
 
   bool bf16() const { return prec == Precision::bf16; }
+  bool tracing() const { return trace && *trace; }
   void rnd(float* x, int64_t n) const {
     if (bf16()) round_bf16_inplace(x, n);
   }

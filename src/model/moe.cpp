@@ -60,9 +60,14 @@ void moe_forward(const Ctx& c, const ModelConfig& cfg, const MoeWeights& w, cons
   std::vector<float> s(size_t(n_tok * E)), wt(size_t(n_tok * k));
   std::vector<int32_t> sel(size_t(n_tok * k));
   linear_into(c, w.gate, x, n_tok, s.data(), /*round=*/false);
+  c.cb("moe_logits", layer, s.data(), int64_t(s.size()));
   for (float& v : s) v = sigmoidf(v);
   for (int64_t t = 0; t < n_tok; ++t)
     moe_route(cfg, &s[size_t(t * E)], w.bias.data(), &sel[size_t(t * k)], &wt[size_t(t * k)]);
+  if (c.tracing()) {  // the chosen experts (as floats), slot order: the tests tell a routing flip by them
+    const std::vector<float> f(sel.begin(), sel.end());
+    c.cb("moe_sel", layer, f.data(), int64_t(f.size()));
+  }
   c.cb("moe_weights", layer, wt.data(), int64_t(wt.size()));
 
   std::vector<float> z;

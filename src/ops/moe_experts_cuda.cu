@@ -589,7 +589,8 @@ __global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_ring_kern
   dec_finish<DUAL>(a, t, accA, accB, part);
 }
 
-// ---- decode, table version: experts_decode_lut_kernel (bench variants 12-14; n_tok <= 2) ----
+#ifdef K3_MOE_VARIANTS  // bench builds only, until it has run on a GPU
+// ---- decode, table version: experts_decode_lut_kernel (bench variants 12-16; n_tok <= 2) ----
 // The work split of experts_decode_kernel (block = (tile, 16 neurons gate + up / 32 down rows), 4 warps
 // splitting the reduction, DEPTH chunks of loads in flight per warp), with the decode of moe_experts_layout.h's
 // table version: a byte -> bf16x2 table in shared memory, one copy per lane (one prmt + one conflict-free load
@@ -637,12 +638,16 @@ __device__ __forceinline__ void lut_chunk(const LutLoads& d, const uint4 (&x)[4]
   }
 }
 
-template <bool DUAL, int DEPTH, int MINB>
+// PDL (down only): launched with programmatic stream serialization, its blocks look up their tile, put their
+// first weight loads in flight and fill the table while the gate / up kernel finishes, and wait for it
+// (griddepcontrol.wait) only before staging h. The gate / up kernel lets it start at once.
+template <bool DUAL, int DEPTH, int MINB, bool PDL = false>
 __global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_lut_kernel(GemmArgs a) {
   extern __shared__ uint4 lut_smem[];  // [kLutBytes] table + staged activations, then the partial sums
   char* lut = reinterpret_cast<char*>(lut_smem);
   float(*part)[32][8] = reinterpret_cast<float(*)[32][8]>(lut + moe::kLutBytes);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+  if constexpr (DUAL) pdl_launch_dependents();  // a no-op unless the next kernel is launched with PDL
   const int4 ti = a.tiles[blockIdx.x];  // (expert, first sorted row, rows <= kLutTok)
   if (ti.x < 0) return;
   const int r0 = ti.y, n_r = ti.z, K = a.K;
@@ -664,7 +669,16 @@ __global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_lut_kerne
   };
 #pragma unroll
   for (int i = 0; i < DEPTH; ++i) load(c_begin + i, buf[i]);  // in flight while the block sets up
-  {  // the tile's activation rows into the gaps (cp.async), then the table (one copy per lane)
+  {  // the table (one copy per lane), then the tile's activation rows into its gaps (cp.async)
+    static_assert(kDecWarps * 32 == 128, "table fill: 16 low nibbles x 8 16-byte pieces");
+    const int j = tid & 7, lo = tid >> 3;
+    const uint32_t flo = moe::e2m1x2_bf16x2(uint32_t(lo)) & 0xffffu;
+#pragma unroll
+    for (int hi = 0; hi < 16; ++hi) {
+      const uint32_t v = flo | (moe::e2m1x2_bf16x2(uint32_t(hi)) << 16);
+      *reinterpret_cast<uint4*>(lut + (hi * 16 + lo) * 256 + j * 16) = make_uint4(v, v, v, v);
+    }
+    if constexpr (PDL) pdl_wait();  // h is the gate / up kernel's output
     static_assert(moe::kLutTok == 2, "two activation rows");
     const __nv_bfloat16* x0 = a.x + size_t(DUAL ? a.order[r0] / a.k : r0) * K;
     const __nv_bfloat16* x1 = n_r > 1 ? a.x + size_t(DUAL ? a.order[r0 + 1] / a.k : r0 + 1) * K : x0;
@@ -674,14 +688,6 @@ __global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_lut_kerne
       cp_async16(lut + moe::lut_x_off(t, u >> 2) + (u & 3) * 16, (t ? x1 : x0) + u * 8, true);
     }
     cp_async_commit();
-    static_assert(kDecWarps * 32 == 128, "table fill: 16 low nibbles x 8 16-byte pieces");
-    const int j = tid & 7, lo = tid >> 3;
-    const uint32_t flo = moe::e2m1x2_bf16x2(uint32_t(lo)) & 0xffffu;
-#pragma unroll
-    for (int hi = 0; hi < 16; ++hi) {
-      const uint32_t v = flo | (moe::e2m1x2_bf16x2(uint32_t(hi)) << 16);
-      *reinterpret_cast<uint4*>(lut + (hi * 16 + lo) * 256 + j * 16) = make_uint4(v, v, v, v);
-    }
     cp_async_wait_all();
     __syncthreads();
   }
@@ -736,25 +742,32 @@ __global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_lut_kerne
   }
 }
 
-template <int DEPTH, int MINB>
+template <int DEPTH, int MINB, bool PDL>
 void launch_decode_lut(const GemmArgs& a, unsigned max_tiles, int n_neur_blocks, bool dual, GpuContext& g) {
-  auto k = dual ? experts_decode_lut_kernel<true, DEPTH, MINB> : experts_decode_lut_kernel<false, DEPTH, MINB>;
+  auto k = dual ? experts_decode_lut_kernel<true, DEPTH, MINB> : experts_decode_lut_kernel<false, DEPTH, MINB, PDL>;
   static std::atomic<bool> sized[64] = {};  // the >48 KB opt-in is a per-device function attribute
   int dev = 0;
   K3_CUDA_ASSERT(cudaGetDevice(&dev));
   if (dev >= 64 || !sized[dev].load()) {
-    for (auto f : {experts_decode_lut_kernel<true, DEPTH, MINB>, experts_decode_lut_kernel<false, DEPTH, MINB>})
+    for (auto f : {experts_decode_lut_kernel<true, DEPTH, MINB>, experts_decode_lut_kernel<false, DEPTH, MINB, PDL>})
       K3_CUDA_ASSERT(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kLutSmem));
     if (dev < 64) sized[dev] = true;
   }
-  k<<<dim3(max_tiles, unsigned(n_neur_blocks)), kDecWarps * 32, kLutSmem, g.stream>>>(a);
-  K3_CUDA_LAUNCH_CHECK();
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(max_tiles, unsigned(n_neur_blocks)), cfg.blockDim = dim3(kDecWarps * 32);
+  cfg.dynamicSmemBytes = kLutSmem, cfg.stream = g.stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr, cfg.numAttrs = PDL && !dual && g.stream ? 1 : 0;  // (not on the legacy default stream)
+  K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, k, a));
 }
 
 // the table version applies when every tile has <= 2 rows and both reduction lengths fit the gaps
-[[maybe_unused]] bool decode_lut_ok(const MoeExpertsParams& p) {
+bool decode_lut_ok(const MoeExpertsParams& p) {
   return p.n_tok <= moe::kLutTok && p.d_in <= moe::kLutMaxK && p.d_ff <= moe::kLutMaxK;
 }
+#endif  // K3_MOE_VARIANTS
 
 // RING > 0: the shared-memory version with RING stages; else the register version with DEPTH chunks in flight
 template <int RING, int DEPTH, int MINB>
@@ -781,8 +794,8 @@ void launch_decode(const GemmArgs& a, unsigned max_tiles, int n_neur_blocks, boo
   K3_CUDA_LAUNCH_CHECK();
 }
 
-// LUT: the table version (decode_lut_ok(p); activations in natural order)
-template <int RING, int DEPTH, int MINB, bool LUT = false>
+// LUT: the table version (decode_lut_ok(p); activations in natural order), PDL: its down kernel with PDL
+template <int RING, int DEPTH, int MINB, bool LUT = false, bool PDL = false>
 void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g) {
   constexpr int BT = moe::kDecodeTile;
   const unsigned max_tiles = unsigned(decode_tiles(n_rows, p.n_expert));
@@ -791,12 +804,14 @@ void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, Gpu
   K3_CUDA_LAUNCH_CHECK();
   GemmArgs a{p.experts, s.tiles, s.offsets, s.tile_start, s.order, p.n_expert, p.k,
              p.d_ff,    p.d_in,  s.zb,      s.h,          p.act,   p.beta1,    p.beta2};
+#ifdef K3_MOE_VARIANTS
   if constexpr (LUT) {
-    launch_decode_lut<DEPTH, MINB>(a, max_tiles, (p.d_ff + 15) / 16, true, g);
+    launch_decode_lut<DEPTH, MINB, PDL>(a, max_tiles, (p.d_ff + 15) / 16, true, g);
     a.n_out = p.d_in, a.K = p.d_ff, a.x = s.h, a.out = s.o;
-    launch_decode_lut<DEPTH, MINB>(a, max_tiles, (p.d_in + 31) / 32, false, g);
+    launch_decode_lut<DEPTH, MINB, PDL>(a, max_tiles, (p.d_in + 31) / 32, false, g);
     return;
   }
+#endif
   launch_decode<RING, DEPTH, MINB>(a, max_tiles, (p.d_ff + 15) / 16, true, g);
   a.n_out = p.d_in, a.K = p.d_ff, a.x = s.h, a.out = s.o;
   launch_decode<RING, DEPTH, MINB>(a, max_tiles, (p.d_in + 31) / 32, false, g);
@@ -842,7 +857,8 @@ constexpr int kRingMinTok = 2;
 // per warp, 8 = the register version sized for 5 blocks per SM (some spills), 9 / 10 = the shared-memory
 // ring version with 3 / 4 stages, 11 = the register version (1 in flight, 4 blocks per SM) at every n_tok,
 // 12 / 13 / 14 = the table version (experts_decode_lut_kernel) with 1 / 2 / 3 chunks in flight per warp where
-// decode_lut_ok (n_tok <= 2), else the default.
+// decode_lut_ok (n_tok <= 2), else the default; 15 = 13 with its down kernel launched with PDL; 16 = 15 with
+// 4 chunks in flight per warp, sized for 2 blocks per SM.
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 
 void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g) { moe_experts_cuda_variant(p, g, 0); }
@@ -858,7 +874,7 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
       p.path == MoePath::decode || (p.path == MoePath::automatic && p.n_tok <= kMoeDecodeMaxTok);
 #ifdef K3_MOE_VARIANTS
   const bool stream = decode && variant != 1 && variant != 4 && variant != 5;  // the decode kernel
-  const bool lut = stream && variant >= 12 && variant <= 14 && decode_lut_ok(p);  // its table version
+  const bool lut = stream && variant >= 12 && variant <= 16 && decode_lut_ok(p);  // its table version
 #else
   const bool stream = decode, lut = false;
   (void)variant;
@@ -874,6 +890,10 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
       run_decode<0, 2, 3, true>(p, s, n_rows, g);
     else if (lut && variant == 14)
       run_decode<0, 3, 3, true>(p, s, n_rows, g);
+    else if (lut && variant == 15)
+      run_decode<0, 2, 3, true, true>(p, s, n_rows, g);
+    else if (lut && variant == 16)
+      run_decode<0, 4, 2, true, true>(p, s, n_rows, g);
     else if (variant == 6)
       run_decode<0, 2, 3>(p, s, n_rows, g);
     else if (variant == 7)

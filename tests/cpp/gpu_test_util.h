@@ -66,9 +66,17 @@ inline std::vector<float> run_gpu(gpu::GpuModel& m, const std::vector<int32_t>& 
 // tokens in turn (random ids from seed), every intermediate the CPU traces must be traced on the GPU too and
 // match, NMSE <= 1e-4. on_state sees the new GPU state (e.g. to check which path it took). Call under
 // ASSERT_NO_FATAL_FAILURE.
+//
+// Routing flips (max_flips > 0, for paths whose arithmetic differs from the CPU's: fused kernels): a token
+// whose chosen experts (moe_sel) differ in a layer is a near tie that the router-logit difference moved (the
+// bias is the same on both sides, so any reordering comes from the logits, whose own check, moe_logits, still
+// applies). That token's rows of the routing-dependent intermediates of that layer (moe_weights, moe_routed,
+// ffn_out, l_out) are left out of their NMSE; at most max_flips such (token, layer) pairs over all calls.
+// With max_flips = 0 a flip fails the test.
 inline void expect_bf16_layers_match_cpu(const Checkpoint& ck, const std::vector<int64_t>& calls, uint32_t seed,
                                          const std::string& label,
-                                         const std::function<void(const gpu::GpuSeqState&)>& on_state = {}) {
+                                         const std::function<void(const gpu::GpuSeqState&)>& on_state = {},
+                                         int max_flips = 0) {
   using Trace = std::map<std::pair<std::string, int>, std::vector<float>>;
   Trace tc, tg;
   ModelOptions oc, og;
@@ -91,6 +99,7 @@ inline void expect_bf16_layers_match_cpu(const Checkpoint& ck, const std::vector
   if (::testing::Test::HasFatalFailure()) return;
   const auto tok = random_tokens(std::accumulate(calls.begin(), calls.end(), int64_t(0)), ck.config().n_vocab, seed);
   int64_t t0 = 0;
+  int n_flips = 0;
   for (const int64_t n : calls) {
     tc.clear(), tg.clear();
     std::vector<float> lc, lg;
@@ -99,12 +108,48 @@ inline void expect_bf16_layers_match_cpu(const Checkpoint& ck, const std::vector
     ASSERT_TRUE(s.ok()) << s.message();
     ASSERT_FALSE(tc.empty());
     EXPECT_EQ(tc.size(), tg.size());
+    std::map<int, std::vector<bool>> flipped;  // layer -> token
+    for (const auto& [key, ref] : tc) {
+      if (key.first != "moe_sel") continue;
+      auto it = tg.find(key);
+      ASSERT_TRUE(it != tg.end() && it->second.size() == ref.size()) << "moe_sel layer " << key.second;
+      const size_t k = ref.size() / size_t(n);
+      std::vector<bool>& f = flipped[key.second];
+      f.assign(size_t(n), false);
+      for (size_t t = 0; t < size_t(n); ++t) {
+        std::vector<float> a(ref.begin() + t * k, ref.begin() + (t + 1) * k);
+        std::vector<float> b(it->second.begin() + t * k, it->second.begin() + (t + 1) * k);
+        std::sort(a.begin(), a.end()), std::sort(b.begin(), b.end());
+        if (a != b) {
+          f[t] = true;
+          ++n_flips;
+          std::printf("[ %s: call of %lld tokens, layer %d, token %zu: routing flip ]\n", label.c_str(),
+                      (long long)n, key.second, t);
+        }
+      }
+    }
     double worst = 0;
     std::string at;
     for (const auto& [key, ref] : tc) {
       auto it = tg.find(key);
       ASSERT_TRUE(it != tg.end()) << key.first << " layer " << key.second << " not traced on the GPU";
-      const double e = nmse(it->second, ref);
+      if (key.first == "moe_sel") continue;  // compared as sets above
+      static const char* routed[] = {"moe_weights", "moe_routed", "ffn_out", "l_out"};
+      const auto fl = flipped.find(key.second);
+      const bool mask = fl != flipped.end() && std::count(fl->second.begin(), fl->second.end(), true) > 0 &&
+                        std::find_if(std::begin(routed), std::end(routed),
+                                     [&](const char* r) { return key.first == r; }) != std::end(routed);
+      std::vector<float> gk, rk;  // the rows of unflipped tokens
+      if (mask) {
+        const size_t w = ref.size() / size_t(n);
+        for (size_t t = 0; t < size_t(n); ++t)
+          if (!fl->second[t]) {
+            rk.insert(rk.end(), ref.begin() + t * w, ref.begin() + (t + 1) * w);
+            gk.insert(gk.end(), it->second.begin() + t * w, it->second.begin() + (t + 1) * w);
+          }
+        if (rk.empty()) continue;
+      }
+      const double e = mask ? nmse(gk, rk) : nmse(it->second, ref);
       if (e > worst) worst = e, at = key.first + " layer " + std::to_string(key.second);
       EXPECT_LE(e, 1e-4) << key.first << " layer " << key.second << ", call of " << n << " tokens";
     }
@@ -112,6 +157,7 @@ inline void expect_bf16_layers_match_cpu(const Checkpoint& ck, const std::vector
                 (long long)n, worst, at.c_str());
     t0 += n;
   }
+  EXPECT_LE(n_flips, max_flips) << label << ": routing flips (token, layer)";
 }
 
 }  // namespace k3::testutil

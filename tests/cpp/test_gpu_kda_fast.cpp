@@ -78,16 +78,19 @@ class GpuKdaFast : public ::testing::TestWithParam<const char*> {
 };
 
 // Layer by layer (each GPU layer fed the CPU's input): every named intermediate NMSE <= 1e-4, for a
-// 23-token prefill and then three decode steps.
+// 23-token prefill and then three decode steps. The fused kernels' fp32 order differs from the CPU's, so the
+// bf16 values after them may differ by a last bit, which can reorder two experts in a near tie: up to 4 such
+// (token, layer) routing flips of the 26 x MoE layers are allowed, each token's routing-dependent rows left
+// out of that layer's comparison (gpu_test_util.h; the router logits are still held to 1e-4).
 TEST_P(GpuKdaFast, Bf16EveryIntermediateMatchesCpu) {
   SKIP_WITHOUT_GPU();
   auto ck = wide_kda(GetParam());
   ASSERT_TRUE(ck);
   ASSERT_EQ(ck->config().kda.d_head, 128);
   ASSERT_NO_FATAL_FAILURE(testutil::expect_bf16_layers_match_cpu(
-      *ck, {23, 1, 1, 1}, 21, std::string(GetParam()) + " wide-KDA", [](const gpu::GpuSeqState& st) {
-        ASSERT_TRUE(st.kda[1].conv16) << "the fast path is not in use";
-      }));
+      *ck, {23, 1, 1, 1}, 21, std::string(GetParam()) + " wide-KDA",
+      [](const gpu::GpuSeqState& st) { ASSERT_TRUE(st.kda[1].conv16) << "the fast path is not in use"; },
+      /*max_flips=*/4));
 }
 
 
