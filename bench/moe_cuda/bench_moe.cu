@@ -9,7 +9,7 @@
 //    fp32 accumulation (TFLOP/s).
 // 2. correctness: small odd shapes (both paths) and K3 shapes (decode batch 1 and 2 tokens of a 4096-token
 //    prefill) against the fp64 host reference moe_experts_ref; moe_route against moe_route_ref.
-// 3. timing (CUDA events, median of 10 after 2 warm-ups): decode batch 1, 8, 64 (MoE byte floor = the active
+// 3. timing (CUDA events, median of 10 after 2 warm-ups): decode batch 1, 2, 8, 64 (MoE byte floor = the active
 //    experts' MXFP4 bytes / copy GB/s); prefill 4096 and 8192 tokens (useful TFLOP/s vs the cuBLAS rate);
 //    routing at batch 1, 64, 4096.
 // Build: bash bench/moe_cuda/build.sh.
@@ -39,7 +39,11 @@ namespace k3 {  // moe_experts_cuda.cu, built with -DK3_MOE_VARIANTS: 0 default,
                 // tensor-core tile kernel (the decode default before session 5), 6 / 7 decode with 2 / 3
                 // chunks in flight per warp, 8 decode sized for 5 blocks per SM, 9 / 10 decode through a
                 // shared-memory ring of 3 / 4 chunks per warp (cp.async), 11 the register version at every
-                // batch (the default: the register version at 1 token, the ring of 3 from 2)
+                // batch (the default: the register version at 1 token, the ring of 3 from 2), 12 / 13 / 14 the
+                // table version (shared-memory byte -> bf16x2 table per lane, scales on fp32 group sums) with
+                // 1 / 2 / 3 chunks in flight per warp, at n_tok <= 2 (else the default); 15 = 13 with the
+                // down kernel launched with PDL (its prologue overlaps the gate / up kernel's tail), 16 = 15
+                // with 4 chunks in flight per warp at 2 blocks per SM
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 }
 
@@ -264,9 +268,10 @@ int main(int argc, char** argv) {
   if (all) {  // small odd shapes, both paths
     Experts ex;
     ex.make(23, 96, 160, 11);
-    for (int v = 0; v < 12; ++v)
+    for (int v = 0; v < 17; ++v)
       for (MoePath path : {MoePath::decode, MoePath::prefill}) {
         check("small", ex, 1, 3, path, 1, 1, g, v);
+        if (v >= 12 && path == MoePath::decode) check("small", ex, 2, 6, path, 6, 2, g, v);
         check("small", ex, 7, 5, path, 2, 7, g, v);
         check("small", ex, 70, 4, path, 3, 70, g, v);
       }
@@ -287,18 +292,23 @@ int main(int argc, char** argv) {
   check("k3 decode", ex, 1, k, MoePath::decode, 21, 1, g);
   check("k3 decode b8", ex, 8, k, MoePath::decode, 23, 8, g);
   for (int v : {5, 6, 8, 10, 11}) check("k3 decode b8 (token 0)", ex, 8, k, MoePath::decode, 23, 1, g, v);
+  for (int v : {12, 13, 14, 15, 16}) {
+    check("k3 decode (table)", ex, 1, k, MoePath::decode, 21, 1, g, v);
+    check("k3 decode b2 (table)", ex, 2, k, MoePath::decode, 24, 2, g, v);
+  }
   if (all) check("k3 prefill (2 of 4096 tokens)", ex, 4096, k, MoePath::prefill, 22, 2, g);
   const double copy = copy_bandwidth(g);
   const double tf = all ? gemm_tflops(g) : 0.0;
 
-  for (int64_t nt : {1, 8, 64}) {
+  for (int64_t nt : {1, 2, 8, 64}) {
     std::mt19937 rng(uint32_t(100 + nt));
     Routing r = make_routing(rng, nt, E, k, d_in);
     Run run(ex, r, nt, k, MoePath::decode);
     std::set<int32_t> uniq(r.sel.begin(), r.sel.end());
     const double bytes = double(uniq.size()) * ex.bytes_per_expert();
     const double floor_us = bytes / (copy * 1e9) * 1e6;
-    for (int v : {0, 5, 6, 9, 10, 11}) {
+    for (int v : {0, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16}) {
+      if (v >= 12 && nt > 2) continue;  // the table version: n_tok <= 2
       const double ms = median_ms(st, [&] { moe_experts_cuda_variant(run.p, g, v); });
       const bool goal = nt == 1 && v == 0;
       const std::string tag = "decode_b" + std::to_string(nt) + (v ? "_v" + std::to_string(v) : "");

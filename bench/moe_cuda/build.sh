@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench/moe_cuda/build.sh [OUT_DIR]: builds bench_moe (the routed-expert and router kernels, their host
-# references and the bench driver) with nvcc for sm_90a, standalone (no CMake); default OUT_DIR = build-moe/bench.
+# references and the bench driver) with nvcc for sm_90a, and lut_emu (host emulation of the decode kernel's
+# table version) with g++; standalone (no CMake); default OUT_DIR = build-moe/bench.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-$here/build-moe/bench}
@@ -12,3 +13,6 @@ nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -lineinfo -I"$here/src
   grep -E "error|warning|registers|spill" || true
 test -x "$out/bench_moe"
 echo "built $out/bench_moe"
+# host emulation of the decode kernel's table version (no GPU): $out/lut_emu
+g++ -std=c++20 -O2 -I"$here/src" -o "$out/lut_emu" "$here/bench/moe_cuda/lut_emu.cpp"
+echo "built $out/lut_emu"
