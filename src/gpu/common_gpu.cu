@@ -3,6 +3,7 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -64,7 +65,8 @@ void GpuCtx::rnd(float* x, int64_t n) const {
   round_bf16_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x, n);
 }
 
-void GpuCtx::cb_i32(const char* name, int layer, const int32_t* x, int64_t n) const {
+void GpuCtx::cb_sets(const char* name, int layer, const int32_t* x, int64_t n_row, int64_t k) const {
+  const int64_t n = n_row * k;
   if (!tracing() || n <= 0) return;
   std::vector<int32_t> v(static_cast<size_t>(n));
   cudaError_t e = cudaMemcpyAsync(v.data(), x, size_t(n) * 4, cudaMemcpyDeviceToHost, stream());
@@ -74,6 +76,7 @@ void GpuCtx::cb_i32(const char* name, int layer, const int32_t* x, int64_t n) co
       *guard = error(Code::internal, std::string("trace copy of '") + name + "': " + cudaGetErrorString(e));
     return;
   }
+  for (int64_t r = 0; r < n_row; ++r) std::sort(v.begin() + r * k, v.begin() + (r + 1) * k);
   host->assign(v.begin(), v.end());
   (*trace)(name, layer, host->data(), n);
 }

@@ -55,8 +55,9 @@ struct GpuCtx {
   cudaStream_t stream() const { return g->stream; }
   void rnd(float* x, int64_t n) const;
   void cb(const char* name, int layer, const float* x, int64_t n) const;
-  // cb for int32 values (handed to the hook as floats; only when tracing)
-  void cb_i32(const char* name, int layer, const int32_t* x, int64_t n) const;
+  // cb for n_row rows of k int32 ids, each row sorted ascending (a set), handed to the hook as floats; only
+  // when tracing
+  void cb_sets(const char* name, int layer, const int32_t* x, int64_t n_row, int64_t k) const;
 };
 
 // Stream-ordered device buffer of floats (or raw bytes through alloc_bytes).

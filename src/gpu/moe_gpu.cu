@@ -105,7 +105,7 @@ Status routed_fused(const GpuCtx& c, const ModelConfig& cfg, const MoeWeightsGpu
   rp.sel = sel.as<int32_t>(), rp.wt = wt.f();
   K3_RETURN_IF_ERROR(moe_route_check(rp));
   moe_route_cuda(rp, *c.g);
-  c.cb_i32("moe_sel", layer, sel.as<int32_t>(), n_tok * k);
+  c.cb_sets("moe_sel", layer, sel.as<int32_t>(), n_tok, k);
   c.cb("moe_weights", layer, wt.f(), n_tok * k);
   // token chunks bound the scratch (sorted rows x (d_ff + d_latent) bf16)
   constexpr int64_t kChunkTok = 2048;
@@ -166,7 +166,7 @@ Status moe_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MoeWeights
   route_kernel<<<blocks_for(n_tok, 128), 128, 0, c.stream()>>>(s.f(), w.bias, n_tok, int(E), int(k),
                                                                m.renormalize, m.routed_scaling_factor,
                                                                sel.as<int32_t>(), wt.f());
-  c.cb_i32("moe_sel", layer, sel.as<int32_t>(), n_tok * k);
+  c.cb_sets("moe_sel", layer, sel.as<int32_t>(), n_tok, k);
   c.cb("moe_weights", layer, wt.f(), n_tok * k);
 
   DevBuf z;

@@ -64,8 +64,9 @@ void moe_forward(const Ctx& c, const ModelConfig& cfg, const MoeWeights& w, cons
   for (float& v : s) v = sigmoidf(v);
   for (int64_t t = 0; t < n_tok; ++t)
     moe_route(cfg, &s[size_t(t * E)], w.bias.data(), &sel[size_t(t * k)], &wt[size_t(t * k)]);
-  if (c.tracing()) {  // the chosen experts (as floats), slot order: the tests tell a routing flip by them
-    const std::vector<float> f(sel.begin(), sel.end());
+  if (c.tracing()) {  // each token's set of chosen experts (ascending, as floats): a routing flip shows here
+    std::vector<float> f(sel.begin(), sel.end());
+    for (int64_t t = 0; t < n_tok; ++t) std::sort(f.begin() + t * k, f.begin() + (t + 1) * k);
     c.cb("moe_sel", layer, f.data(), int64_t(f.size()));
   }
   c.cb("moe_weights", layer, wt.data(), int64_t(wt.size()));
