@@ -55,7 +55,7 @@ __device__ float block_sum(float v, float* red) {
 }
 
 __global__ void attn_res_kernel(Sources src, const float* q, float eps, int64_t D, float* out, bool bf16) {
-  k3::cuda_ops::pdl_enter();  // launched with PDL: the next kernel may start; wait for the previous one
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   __shared__ float red[kMixThreads / 32];
   __shared__ float score[kMaxSources];
   const int64_t t = blockIdx.x;
@@ -87,7 +87,7 @@ constexpr int kNormThreads = 512;
 __global__ void __launch_bounds__(kNormThreads)
     attn_res_norm_kernel(Sources src, const float* q, float eps, int64_t D, const float* w, float* a,
                          float* y, bool bf16) {
-  k3::cuda_ops::pdl_enter();  // launched with PDL: the next kernel may start; wait for the previous one
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   __shared__ float red[kNormThreads / 32][2 * kFastSources];
   __shared__ float tot[2 * kFastSources + 1];
   const int64_t t = blockIdx.x;
@@ -182,7 +182,7 @@ template <bool kNorm>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kClusterThreads)
     attn_res_cluster_kernel(Sources src, const float* q, float eps, int64_t D, const float* w, float* a,
                             float* y, bool bf16) {
-  k3::cuda_ops::pdl_enter();  // launched with PDL: the next kernel may start; wait for the previous one
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   namespace cg = cooperative_groups;
   const cg::cluster_group cluster = cg::this_cluster();
   __shared__ float red[kClusterThreads / 32][2 * kFastSources];
@@ -302,8 +302,8 @@ void launch_cluster(const GpuCtx& c, const Sources& s, const float* q, float eps
                     const float* w, float* a, float* y) {
   const int64_t per = (D / 4 + kCluster - 1) / kCluster;
   const int threads = int(std::max<int64_t>(32, (per + 31) / 32 * 32));
-  cuda_ops::launch_pdl(cuda_ops::pdl_on(), attn_res_cluster_kernel<kNorm>, dim3(unsigned(n_tok * kCluster)),
-                       dim3(unsigned(threads)), c.stream(), s, q, eps, D, w, a, y, c.bf16());
+  attn_res_cluster_kernel<kNorm>
+      <<<unsigned(n_tok * kCluster), unsigned(threads), 0, c.stream()>>>(s, q, eps, D, w, a, y, c.bf16());
 }
 
 }  // namespace
@@ -325,8 +325,8 @@ Status attn_res_norm_gpu(const GpuCtx& c, const std::vector<const float*>& sourc
     launch_cluster<true>(c, s, q, eps, n_tok, d_model, w, a, y);
     return launch_status("attn_res_norm (cluster)");
   }
-  cuda_ops::launch_pdl(cuda_ops::pdl_on(), attn_res_norm_kernel, dim3(unsigned(n_tok)), dim3(kNormThreads),
-                       c.stream(), s, q, eps, d_model, w, a, y, c.bf16());
+  attn_res_norm_kernel<<<unsigned(n_tok), kNormThreads, 0, c.stream()>>>(s, q, eps, d_model, w, a, y,
+                                                                         c.bf16());
   return launch_status("attn_res_norm");
 }
 
@@ -343,8 +343,7 @@ Status attn_res_mix_gpu(const GpuCtx& c, const std::vector<const float*>& source
     launch_cluster<false>(c, s, q, eps, n_tok, d_model, nullptr, out, nullptr);
     return launch_status("attn_res (cluster)");
   }
-  cuda_ops::launch_pdl(cuda_ops::pdl_on(), attn_res_kernel, dim3(unsigned(n_tok)), dim3(kMixThreads), c.stream(),
-                       s, q, eps, d_model, out, c.bf16());
+  attn_res_kernel<<<unsigned(n_tok), kMixThreads, 0, c.stream()>>>(s, q, eps, d_model, out, c.bf16());
   return launch_status("attn_res");
 }
 

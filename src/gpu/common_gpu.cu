@@ -15,7 +15,6 @@ namespace k3::gpu {
 namespace {
 
 __global__ void round_bf16_kernel(float* x, int64_t n) {
-  k3::cuda_ops::pdl_enter();  // launched with PDL: the next kernel may start; wait for the previous one
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
 }
@@ -27,13 +26,13 @@ __global__ void f32_to_bf16_kernel(uint16_t* y, const float* x, int64_t n) {
 
 template <bool ROUND>
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
-  k3::cuda_ops::pdl_enter();  // launched with PDL: the next kernel may start; wait for the previous one
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = ROUND ? round_bf16_dev(y[i] + x[i]) : y[i] + x[i];
 }
 
 __global__ void sigmoid_mul_kernel(float* z, const float* g, int64_t n) {
-  k3::cuda_ops::pdl_enter();  // launched with PDL: the next kernel may start; wait for the previous one
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) z[i] *= 1.f / (1.f + expf(-g[i]));
 }
@@ -63,7 +62,7 @@ Status launch_status(const char* where) {
 
 void GpuCtx::rnd(float* x, int64_t n) const {
   if (!bf16() || n <= 0) return;
-  cuda_ops::launch_pdl(cuda_ops::pdl_on(), round_bf16_kernel, dim3(blocks_for(n)), dim3(kThreads), stream(), x, n);
+  round_bf16_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x, n);
 }
 
 void GpuCtx::cb_sets(const char* name, int layer, const int32_t* x, int64_t n_row, int64_t k) const {
@@ -194,11 +193,9 @@ void rms_norm(const GpuCtx& c, const float* x, const float* w, float eps, int64_
 void add_inplace(const GpuCtx& c, float* y, const float* x, int64_t n, bool round) {
   if (n <= 0) return;
   if (round && c.bf16())
-    cuda_ops::launch_pdl(cuda_ops::pdl_on(), add_kernel<true>, dim3(blocks_for(n)), dim3(kThreads), c.stream(), y, x,
-                         n);
+    add_kernel<true><<<blocks_for(n), kThreads, 0, c.stream()>>>(y, x, n);
   else
-    cuda_ops::launch_pdl(cuda_ops::pdl_on(), add_kernel<false>, dim3(blocks_for(n)), dim3(kThreads), c.stream(), y,
-                         x, n);
+    add_kernel<false><<<blocks_for(n), kThreads, 0, c.stream()>>>(y, x, n);
 }
 
 void to_bf16_bits(cudaStream_t stream, const float* x, int64_t n, uint16_t* y) {
@@ -206,9 +203,7 @@ void to_bf16_bits(cudaStream_t stream, const float* x, int64_t n, uint16_t* y) {
 }
 
 void sigmoid_mul_inplace(const GpuCtx& c, float* z, const float* g, int64_t n) {
-  if (n > 0)
-    cuda_ops::launch_pdl(cuda_ops::pdl_on(), sigmoid_mul_kernel, dim3(blocks_for(n)), dim3(kThreads), c.stream(), z,
-                         g, n);
+  if (n > 0) sigmoid_mul_kernel<<<blocks_for(n), kThreads, 0, c.stream()>>>(z, g, n);
 }
 
 void copy_rows(const GpuCtx& c, float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t n_row,

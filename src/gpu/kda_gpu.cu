@@ -34,7 +34,6 @@ struct ConvArgs {
 };
 
 __global__ void short_conv_kernel(ConvArgs a) {
-  k3::cuda_ops::pdl_enter();  // launched with PDL: the next kernel may start; wait for the previous one
   const int which = blockIdx.y;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= a.n_tok * a.C) return;
@@ -55,7 +54,6 @@ __global__ void short_conv_kernel(ConvArgs a) {
 
 // state <- the last W-1 rows of [state | x], in place (row r reads row n_tok + r >= r: ascending is safe).
 __global__ void conv_state_kernel(ConvArgs a, float* s0, float* s1, float* s2) {
-  k3::cuda_ops::pdl_enter();  // launched with PDL: the next kernel may start; wait for the previous one
   const int which = blockIdx.y;
   const int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (ch >= a.C) return;
@@ -70,7 +68,6 @@ __global__ void conv_state_kernel(ConvArgs a, float* s0, float* s1, float* s2) {
 // g[t, h*K + d] <- gate(g + dt_bias) with A = exp(A_log[h]).
 __global__ void gate_kernel(float* g, const float* dt_bias, const float* A_log, int64_t n_tok, int H, int K,
                             bool lower_bound, float lb) {
-  k3::cuda_ops::pdl_enter();  // launched with PDL: the next kernel may start; wait for the previous one
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t HK = int64_t(H) * K;
   if (i >= n_tok * HK) return;
@@ -89,7 +86,7 @@ __global__ void gate_kernel(float* g, const float* dt_bias, const float* A_log, 
 // rounding point when bf16.
 __global__ void gated_norm_kernel(float* o, const float* gate, const float* w, int64_t n_row, int K,
                                   float eps, bool bf16) {
-  k3::cuda_ops::pdl_enter();  // launched with PDL: the next kernel may start; wait for the previous one
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= n_row) return;
@@ -142,10 +139,9 @@ Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeights
     const float* ws[3] = {w.q_conv, w.k_conv, w.v_conv};
     for (int j = 0; j < 3; ++j) a.x[j] = xs[j], a.y[j] = ys[j], a.state[j] = conv + j * win, a.w[j] = ws[j];
     a.n_tok = s.n_tok, a.C = HK, a.W = W, a.bf16 = c.bf16();
-    const bool pdl = cuda_ops::pdl_on();
-    cuda_ops::launch_pdl(pdl, short_conv_kernel, dim3(blocks_for(s.n_tok * HK), 3), dim3(kThreads), c.stream(), a);
-    cuda_ops::launch_pdl(pdl, conv_state_kernel, dim3(blocks_for(HK), 3), dim3(kThreads), c.stream(), a, conv,
-                         conv + win, conv + 2 * win);
+    short_conv_kernel<<<dim3(blocks_for(s.n_tok * HK), 3), kThreads, 0, c.stream()>>>(a);
+    conv_state_kernel<<<dim3(blocks_for(HK), 3), kThreads, 0, c.stream()>>>(a, conv, conv + win,
+                                                                            conv + 2 * win);
   }
   L2NormParams lq;
   lq.n_row = n_tok, lq.n_head = H, lq.d_head = K, lq.x = q.f(), lq.y = q.f(), lq.eps = 1e-6f;
@@ -162,9 +158,9 @@ Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeights
   sp.n_row = n_tok, sp.d = H, sp.x = bt.f(), sp.y = bt.f();
   sigmoid_cuda(sp, *c.g);
   linear(c, w.f_b_proj, fa.f(), n_tok, g.f());
-  cuda_ops::launch_pdl(cuda_ops::pdl_on(), gate_kernel, dim3(blocks_for(n_tok * HK)), dim3(kThreads), c.stream(),
-                       g.f(), w.dt_bias, w.A_log, n_tok, int(H), int(K), cfg.kda.has_gate_lower_bound,
-                       cfg.kda.gate_lower_bound);
+  gate_kernel<<<blocks_for(n_tok * HK), kThreads, 0, c.stream()>>>(g.f(), w.dt_bias, w.A_log, n_tok, int(H),
+                                                                   int(K), cfg.kda.has_gate_lower_bound,
+                                                                   cfg.kda.gate_lower_bound);
   c.cb("kda_beta", layer, bt.f(), n_tok * H);
   c.cb("kda_g", layer, g.f(), n_tok * HK);
 
@@ -189,8 +185,8 @@ Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeights
 
   if (!full_gate) linear(c, w.g_b_proj, ga.f(), n_tok, gate.f());
   const int64_t n_row = n_tok * H;
-  cuda_ops::launch_pdl(cuda_ops::pdl_on(), gated_norm_kernel, dim3(blocks_for(n_row * 32)), dim3(kThreads),
-                       c.stream(), o.f(), gate.f(), w.o_norm, n_row, int(K), cfg.rms_norm_eps, c.bf16());
+  gated_norm_kernel<<<blocks_for(n_row * 32), kThreads, 0, c.stream()>>>(o.f(), gate.f(), w.o_norm, n_row,
+                                                                         int(K), cfg.rms_norm_eps, c.bf16());
   c.cb("kda_gated", layer, o.f(), n_tok * HK);
   linear(c, w.o_proj, o.f(), n_tok, out);
   return launch_status("kda layer");

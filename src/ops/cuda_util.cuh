@@ -15,7 +15,6 @@
 #include <cstdlib>
 #include <utility>
 
-#include "core/env.h"
 #include "core/status.h"
 
 #define K3_CUDA_ASSERT(call)                                                                           \
@@ -56,11 +55,6 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 }
 __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
-}
-// The first statement of a kernel launched by launch_pdl that reads or writes what earlier kernels touch.
-__device__ __forceinline__ void pdl_enter() {
-  pdl_launch_dependents();
-  pdl_wait();
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -116,12 +110,6 @@ inline int device_sm_count() {
 // kernel<<<grid, block, 0, stream>>>(args...) with the programmatic-serialization attribute when `pdl`: the
 // kernel may start while the previous one finishes, so it must call pdl_wait() before reading anything the
 // earlier kernels wrote (and before writing anything they read).
-// PDL on unless K3_PDL=0 (read once).
-inline bool pdl_on() {
-  static const bool on = env_switch("K3_PDL", true);
-  return on;
-}
-
 template <class... P, class... A>
 void launch_pdl(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, A&&... args) {
   cudaLaunchConfig_t cfg = {};

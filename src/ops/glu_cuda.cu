@@ -16,7 +16,7 @@ __device__ __forceinline__ float sigmoid(float x) {
 }
 
 __global__ void glu_kernel(GluParams p, int64_t ldg, int64_t ldu, int64_t ldh) {
-  k3::cuda_ops::pdl_enter();  // launched with PDL: the next kernel may start; wait for the previous one
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= p.n_tok * p.d) return;
   const int64_t t = e / p.d, i = e % p.d;
@@ -36,7 +36,7 @@ __global__ void glu_kernel(GluParams p, int64_t ldg, int64_t ldu, int64_t ldh) {
 void glu_cuda(const GluParams& p, GpuContext& g) {
   if (p.n_tok <= 0 || p.d <= 0) return;
   const int64_t ldg = p.ldg ? p.ldg : p.d, ldu = p.ldu ? p.ldu : p.d, ldh = p.ldh ? p.ldh : p.d;
-  launch_pdl(pdl_on(), glu_kernel, dim3(blocks_for(p.n_tok * p.d, 256)), dim3(256), g.stream, p, ldg, ldu, ldh);
+  glu_kernel<<<blocks_for(p.n_tok * p.d, 256), 256, 0, g.stream>>>(p, ldg, ldu, ldh);
   K3_CUDA_LAUNCH_CHECK();
 }
 

@@ -331,7 +331,7 @@ int64_t gemv_slots() {
 // 3% idle, where one warp per row (sessions 1-6) left 1.45 waves of 8-row CTAs: 0.65 of copy at batch 1.
 template <WK K, bool VEC, int NT>
 void gemv_launch(const GemvArgs& a, GpuContext& g) {
-  const bool pdl = pdl_on();
+  static const bool pdl = env_switch("K3_PDL", true);
   const int64_t slots4 = gemv_slots<K, VEC, 4, NT>(), groups4 = (a.out + 3) / 4;
   const int64_t rounds4 = (groups4 + slots4 - 1) / slots4;
   if (groups4 >= slots4 && rounds4 * slots4 * 25 <= groups4 * 26) {

@@ -23,7 +23,7 @@ namespace {
 using namespace cuda_ops;
 
 __global__ void rms_norm_kernel(RmsNormParams p, int64_t ldx, int64_t ldy) {
-  k3::cuda_ops::pdl_enter();  // launched with PDL: the next kernel may start; wait for the previous one
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   __shared__ float red[32];
   const int64_t t = blockIdx.x;
   const float* x = p.x + t * ldx;
@@ -49,7 +49,7 @@ constexpr int kClusterRowPerSm = 2;   // cluster path while n_row <= 2 * SMs
 // owns columns [i, i + 4), i = 4 (c * per + j). In place is safe: each thread writes only what it read.
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kClusterThreads)
     rms_norm_cluster_kernel(RmsNormParams p, int64_t ldx, int64_t ldy) {
-  k3::cuda_ops::pdl_enter();  // launched with PDL: the next kernel may start; wait for the previous one
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   namespace cg = cooperative_groups;
   const cg::cluster_group cluster = cg::this_cluster();
   __shared__ float red[kClusterThreads / 32];
@@ -106,11 +106,9 @@ void rms_norm_cuda(const RmsNormParams& p, GpuContext& g) {
   if (cluster_fits(p, ldx, ldy)) {
     const int64_t per = (p.d / 4 + kCluster - 1) / kCluster;
     const int threads = int(std::max<int64_t>(32, (per + 31) / 32 * 32));
-    launch_pdl(pdl_on(), rms_norm_cluster_kernel, dim3(unsigned(p.n_row * kCluster)), dim3(unsigned(threads)),
-               g.stream, p, ldx, ldy);
+    rms_norm_cluster_kernel<<<unsigned(p.n_row * kCluster), unsigned(threads), 0, g.stream>>>(p, ldx, ldy);
   } else {
-    launch_pdl(pdl_on(), rms_norm_kernel, dim3(unsigned(p.n_row)), dim3(unsigned(row_threads(p.d))), g.stream, p,
-               ldx, ldy);
+    rms_norm_kernel<<<unsigned(p.n_row), row_threads(p.d), 0, g.stream>>>(p, ldx, ldy);
   }
   K3_CUDA_LAUNCH_CHECK();
 }
