@@ -9,8 +9,8 @@
 //    fp32 accumulation (TFLOP/s).
 // 2. correctness: small odd shapes (both paths) and K3 shapes (decode batch 1 and 2 tokens of a 4096-token
 //    prefill) against the fp64 host reference moe_experts_ref; moe_route against moe_route_ref.
-// 3. timing (CUDA events, median of 10 after 2 warm-ups): decode batch 1, 2, 8, 64 (MoE byte floor = the active
-//    experts' MXFP4 bytes / copy GB/s); prefill 4096 and 8192 tokens (useful TFLOP/s vs the cuBLAS rate);
+// 3. timing (CUDA events, median of 10 after 2 warm-ups): decode batch 1, 2, 8, 64 (MoE byte floor =
+//    the active experts' MXFP4 bytes / copy GB/s); prefill 4096 and 8192 tokens (useful TFLOP/s vs the cuBLAS rate);
 //    routing at batch 1, 64, 4096.
 // Build: bash bench/moe_cuda/build.sh.
 #include <cublas_v2.h>
@@ -39,11 +39,11 @@ namespace k3 {  // moe_experts_cuda.cu, built with -DK3_MOE_VARIANTS: 0 default,
                 // tensor-core tile kernel (the decode default before session 5), 6 / 7 decode with 2 / 3
                 // chunks in flight per warp, 8 decode sized for 5 blocks per SM, 9 / 10 decode through a
                 // shared-memory ring of 3 / 4 chunks per warp (cp.async), 11 the register version at every
-                // batch (the default: the register version at 1 token, the ring of 3 from 2), 12 / 13 / 14 the
-                // table version (shared-memory byte -> bf16x2 table per lane, scales on fp32 group sums) with
-                // 1 / 2 / 3 chunks in flight per warp, at n_tok <= 2 (else the default); 15 = 13 with the
-                // down kernel launched with PDL (its prologue overlaps the gate / up kernel's tail), 16 = 15
-                // with 4 chunks in flight per warp at 2 blocks per SM
+                // batch (the default: the register version at 1 token, the ring of 3 from 2), 12 / 13 / 14
+                // the table version (shared-memory byte -> bf16x2 table per lane, scales on fp32 group sums)
+                // with 1 / 2 / 3 chunks in flight per warp, at n_tok <= 2 (else the default); 15 = 13 with
+                // the down kernel launched with PDL (its prologue overlaps the gate / up kernel's tail), 16 =
+                // 15 with 4 chunks in flight per warp at 2 blocks per SM
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 }
 

@@ -1,11 +1,12 @@
 // lut_emu.cpp: host emulation of the MoE decode kernel's table version (experts_decode_lut_kernel,
 // moe_experts_cuda.cu; rules in ops/moe_experts_layout.h) against the fp64 dot products and against the
 // register kernel's decode (e2m1_pair x pair scale in bf16). No GPU: one block's 4 warps x 32 lanes are run
-// lane by lane, mma.sync m16n8k16 emulated from its PTX fragment layout (fp64 products summed, rounded to fp32).
+// lane by lane, mma.sync m16n8k16 emulated from its PTX fragment layout (fp64 products summed, rounded to
+// fp32).
 //   checks: 1. prmt (CUDA __byte_perm semantics) = the host lut_addr, every byte / lane / position;
 //           2. table entry x 2^(e - 127) = the register kernel's pair value for every byte and e in [0, 254];
-//           3. whole blocks (gate / up and down, 1 and 2 tokens, K with a partial chunk, rows past n_out, e = 0
-//              and e > 128 among the scales): relative error of each output sum vs fp64.
+//           3. whole blocks (gate / up and down, 1 and 2 tokens, K with a partial chunk, rows past
+//              n_out, e = 0 and e > 128 among the scales): relative error of each output sum vs fp64.
 // Build: g++ -std=c++20 -O2 -Isrc bench/moe_cuda/lut_emu.cpp -o /tmp/lut_emu && /tmp/lut_emu
 #include <cmath>
 #include <cstdio>
@@ -41,7 +42,8 @@ uint32_t f_to_bf16_rn(float f) {  // finite inputs
 }
 // bf16x2 multiply as HMUL2.BF16 (fp32 product of two bf16, rounded to nearest even)
 uint32_t bf16x2_mul_h(uint32_t a, uint32_t b) {
-  const uint32_t lo = f_to_bf16_rn(bf16_to_f(a) * bf16_to_f(b)), hi = f_to_bf16_rn(bf16_to_f(a >> 16) * bf16_to_f(b >> 16));
+  const uint32_t lo = f_to_bf16_rn(bf16_to_f(a) * bf16_to_f(b)),
+                 hi = f_to_bf16_rn(bf16_to_f(a >> 16) * bf16_to_f(b >> 16));
   return lo | (hi << 16);
 }
 // CUDA __byte_perm(x, y, s): byte n of the result = byte (s >> 4 n) & 7 of {y, x}
@@ -92,8 +94,9 @@ struct Mat {  // one MXFP4 matrix [rows, K]
   }
 };
 
-// one block of experts_decode_lut_kernel<DUAL>: returns v[token][neuron slot] as the kernel's warp 0 lanes hold
-// them before the epilogue (DUAL: slot 2 o = gate, 2 o + 1 = up of neuron n0 + 8 o + g; down: row n0 + 8 o + g)
+// one block of experts_decode_lut_kernel<DUAL>: returns v[token][neuron slot] as the kernel's warp 0 lanes
+// hold them before the epilogue (DUAL: slot 2 o = gate, 2 o + 1 = up of neuron n0 + 8 o + g; down: row
+// n0 + 8 o + g)
 void run_block(bool dual, const Mat& wA, const Mat& wB, int n0, int n_out, int K, int n_r,
                const std::vector<std::vector<uint16_t>>& x, std::vector<std::vector<double>>& out_sum,
                std::vector<std::vector<double>>& out_ref) {
@@ -130,11 +133,12 @@ void run_block(bool dual, const Mat& wA, const Mat& wB, int n0, int n_out, int K
         for (int k = 0; k < 4; ++k) {
           const bool ok = col < K && row[k] < n_out;
           for (int wi = 0; wi < 4; ++wi)
-            raw[lane][k][wi] = ok ? uint32_t(wp[k]->w[size_t(row[k]) * (K / 2) + col / 2 + 4 * wi]) |
-                                        uint32_t(wp[k]->w[size_t(row[k]) * (K / 2) + col / 2 + 4 * wi + 1]) << 8 |
-                                        uint32_t(wp[k]->w[size_t(row[k]) * (K / 2) + col / 2 + 4 * wi + 2]) << 16 |
-                                        uint32_t(wp[k]->w[size_t(row[k]) * (K / 2) + col / 2 + 4 * wi + 3]) << 24
-                                  : 0u;
+            raw[lane][k][wi] =
+                ok ? uint32_t(wp[k]->w[size_t(row[k]) * (K / 2) + col / 2 + 4 * wi]) |
+                         uint32_t(wp[k]->w[size_t(row[k]) * (K / 2) + col / 2 + 4 * wi + 1]) << 8 |
+                         uint32_t(wp[k]->w[size_t(row[k]) * (K / 2) + col / 2 + 4 * wi + 2]) << 16 |
+                         uint32_t(wp[k]->w[size_t(row[k]) * (K / 2) + col / 2 + 4 * wi + 3]) << 24
+                   : 0u;
           ex[lane][k] = ok ? wp[k]->s[size_t(row[k]) * (K / 32) + col / 32] : 127u;
         }
         const int tok = g & 1, G = c * 4 + q;
@@ -155,9 +159,12 @@ void run_block(bool dual, const Mat& wA, const Mat& wB, int n0, int n_out, int K
               std::memcpy(&v, &sm[moe::lut_addr(w, k, uint32_t(lane))], 4);
               return v;
             };
-            const uint32_t wa0 = raw[lane][0][wi], wa1 = raw[lane][1][wi], wb0 = raw[lane][2][wi], wb1 = raw[lane][3][wi];
-            const uint32_t a_[4] = {get(wa0, 2 * h), get(wa1, 2 * h), get(wa0, 2 * h + 1), get(wa1, 2 * h + 1)};
-            const uint32_t b_[4] = {get(wb0, 2 * h), get(wb1, 2 * h), get(wb0, 2 * h + 1), get(wb1, 2 * h + 1)};
+            const uint32_t wa0 = raw[lane][0][wi], wa1 = raw[lane][1][wi], wb0 = raw[lane][2][wi],
+                           wb1 = raw[lane][3][wi];
+            const uint32_t a_[4] = {get(wa0, 2 * h), get(wa1, 2 * h), get(wa0, 2 * h + 1),
+                                    get(wa1, 2 * h + 1)};
+            const uint32_t b_[4] = {get(wb0, 2 * h), get(wb1, 2 * h), get(wb0, 2 * h + 1),
+                                    get(wb1, 2 * h + 1)};
             for (int i = 0; i < 4; ++i) fa[lane][i] = a_[i], fb[lane][i] = b_[i];
             bb[lane][0] = xw[lane][4 * wi + 2 * h], bb[lane][1] = xw[lane][4 * wi + 2 * h + 1];
           }
@@ -195,7 +202,8 @@ void run_block(bool dual, const Mat& wA, const Mat& wB, int n0, int n_out, int K
         for (int i = 0; i < 4; ++i) a[o][i] += acc[w][lane][o][i];
     const float v[4] = {a[0][q], a[0][2 + q], a[1][q], a[1][2 + q]};
     for (int o = 0; o < 4; ++o) {
-      // DUAL: v[0] gate(n0 + g), v[1] up(n0 + g), v[2] gate(n0 + 8 + g), v[3] up(n0 + 8 + g); down: row n0 + 8 o + g
+      // DUAL: v[0] gate(n0 + g), v[1] up(n0 + g), v[2] gate(n0 + 8 + g), v[3] up(n0 + 8 + g);
+      // down: row n0 + 8 o + g
       const Mat* m = dual ? (o & 1 ? &wB : &wA) : &wA;
       const int r = dual ? n0 + 8 * (o >> 1) + g : n0 + 8 * o + g;
       const int slot = dual ? 2 * (8 * (o >> 1) + g) + (o & 1) : 8 * o + g;
@@ -233,7 +241,8 @@ int main() {
       const double sc = std::ldexp(1.0, int(e) - 127);
       // register kernel: word w with nibble pair j; put byte b as nibbles (3 - j) and (7 - j) of a word
       const bool big = e > moe::kPairScaleMax;
-      const uint32_t s1 = big ? moe::kPairUnit : moe::e8m0_pair_scale(e), t1 = big ? moe::e8m0_bf16x2(e) : 0x3F803F80u;
+      const uint32_t s1 = big ? moe::kPairUnit : moe::e8m0_pair_scale(e),
+                     t1 = big ? moe::e8m0_bf16x2(e) : 0x3F803F80u;
       for (uint32_t b = 0; b < 256; ++b) {
         const uint32_t ent = moe::e2m1x2_bf16x2(b);
         for (int h = 0; h < 2; ++h) {
@@ -244,16 +253,17 @@ int main() {
             uint32_t pv = bf16x2_mul_h(moe::e2m1_pair(w, j), s1);
             if (big) pv = bf16x2_mul_h(pv, t1);
             const double regv = bf16_to_f(pv >> (16 * h));
-            // the register kernel's bf16 multiply flushes nothing here except what bf16 cannot hold; both must
-            // equal the exact value wherever bf16 holds it
+            // the register kernel's bf16 multiply flushes nothing here except what bf16 cannot hold; both
+            // must equal the exact value wherever bf16 holds it
             const bool rep = ref == 0 || (std::fabs(ref) >= std::ldexp(1.0, -133) && std::fabs(ref) < 3.3e38);
             if (lutv != ref || (rep && regv != ref)) ++bad;
           }
         }
       }
     }
-    std::printf("2. table entry x 2^(e-127) = register kernel pair value = exact, 256 bytes x 255 e: %d bad %s\n",
-                bad, bad ? "FAIL" : "ok");
+    std::printf(
+        "2. table entry x 2^(e-127) = register kernel pair value = exact, 256 bytes x 255 e: %d bad %s\n",
+        bad, bad ? "FAIL" : "ok");
     g_fail += bad != 0;
   }
   // 3. blocks
@@ -264,9 +274,10 @@ int main() {
       bool dual;
       int K, n_out, n0, n_r, e_lo, e_span;
     } cases[] = {
-        {true, 3584, 3072, 16, 1, 118, 6},  {false, 3072, 3584, 64, 1, 118, 6}, {true, 3584, 3072, 3056, 2, 116, 9},
-        {false, 3072, 3584, 3552, 2, 116, 9}, {true, 160, 100, 96, 1, 0, 40},  {false, 96, 200, 192, 2, 120, 130},
-        {true, 8192, 40, 32, 2, 100, 40},     {false, 32, 32, 0, 1, 127, 1},
+        {true, 3584, 3072, 16, 1, 118, 6},   {false, 3072, 3584, 64, 1, 118, 6},
+        {true, 3584, 3072, 3056, 2, 116, 9}, {false, 3072, 3584, 3552, 2, 116, 9},
+        {true, 160, 100, 96, 1, 0, 40},      {false, 96, 200, 192, 2, 120, 130},
+        {true, 8192, 40, 32, 2, 100, 40},    {false, 32, 32, 0, 1, 127, 1},
     };
     for (const Case& cs : cases) {
       Mat A, B;
@@ -294,9 +305,11 @@ int main() {
       const double nmse = den > 0 ? num / den : 0;
       const bool ok = nmse < 1e-10 && n > 0;
       g_fail += !ok;
-      std::printf("3. %s K=%d n_out=%d n0=%d tokens=%d e in [%d, %d]: %d outputs, nmse vs fp64 %.3g, worst rel %.3g %s\n",
-                  cs.dual ? "gate/up" : "down", cs.K, cs.n_out, cs.n0, cs.n_r, cs.e_lo,
-                  std::min(254, cs.e_lo + cs.e_span - 1), n, nmse, worst, ok ? "ok" : "FAIL");
+      std::printf(
+          "3. %s K=%d n_out=%d n0=%d tokens=%d e in [%d, %d]: %d outputs, nmse vs fp64 %.3g, worst rel %.3g "
+          "%s\n",
+          cs.dual ? "gate/up" : "down", cs.K, cs.n_out, cs.n0, cs.n_r, cs.e_lo,
+          std::min(254, cs.e_lo + cs.e_span - 1), n, nmse, worst, ok ? "ok" : "FAIL");
     }
   }
   std::printf("%s (%d failed)\n", g_fail ? "FAIL" : "PASS", g_fail);

@@ -167,8 +167,14 @@ Status kda_forward_fast_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWe
   const bool full_gate = cfg.kda.full_rank_gate;
   if (!full_gate) K3_RETURN_IF_ERROR(ga.alloc(c, n_tok * w.g_a_proj.out));
   const LinearOut gate_out = full_gate ? LinearOut{&w.g_proj, gate.f()} : LinearOut{&w.g_a_proj, ga.f()};
-  linear_group(c, {{&w.q_proj, qt.f()}, {&w.k_proj, kt.f()}, {&w.v_proj, vt.f()}, {&w.b_proj, bt.f()},
-                   {&w.f_a_proj, fa.f()}, gate_out}, x, n_tok);
+  linear_group(c,
+               {{&w.q_proj, qt.f()},
+                {&w.k_proj, kt.f()},
+                {&w.v_proj, vt.f()},
+                {&w.b_proj, bt.f()},
+                {&w.f_a_proj, fa.f()},
+                gate_out},
+               x, n_tok);
   linear(c, w.f_b_proj, fa.f(), n_tok, g.f());
   if (!full_gate) linear(c, w.g_b_proj, ga.f(), n_tok, gate.f());
 

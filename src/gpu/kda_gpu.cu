@@ -126,8 +126,14 @@ Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeights
   if (!full_gate) K3_RETURN_IF_ERROR(ga.alloc(c, n_tok * w.g_a_proj.out));
   const LinearOut gate_out = full_gate ? LinearOut{&w.g_proj, gate.f()} : LinearOut{&w.g_a_proj, ga.f()};
   // b_proj: beta = sigmoid(.) below (MODEL.md §13 #16)
-  linear_group(c, {{&w.q_proj, qt.f()}, {&w.k_proj, kt.f()}, {&w.v_proj, vt.f()}, {&w.b_proj, bt.f()},
-                   {&w.f_a_proj, fa.f()}, gate_out}, x, n_tok);
+  linear_group(c,
+               {{&w.q_proj, qt.f()},
+                {&w.k_proj, kt.f()},
+                {&w.v_proj, vt.f()},
+                {&w.b_proj, bt.f()},
+                {&w.f_a_proj, fa.f()},
+                gate_out},
+               x, n_tok);
   const int64_t win = int64_t(W - 1) * HK;
   for (const KdaSeqGpu& s : seqs) {
     if (s.n_tok <= 0) continue;

@@ -253,7 +253,8 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
     K3_ASSERT(st.cap >= n_ctx);  // GpuSeqState::reserve ran before the layer loop
     cudaMemcpyAsync(st.latent + s.n_past * dl, kv.f() + s.row0 * dl, size_t(s.n_tok * dl) * 4,
                     cudaMemcpyDeviceToDevice, c.stream());
-    if (st.latent16) to_bf16_bits(c.stream(), kv.f() + s.row0 * dl, s.n_tok * dl, st.latent16 + s.n_past * dl);
+    if (st.latent16)
+      to_bf16_bits(c.stream(), kv.f() + s.row0 * dl, s.n_tok * dl, st.latent16 + s.n_past * dl);
     DevBuf sel;
     bool sparse = false;
     if (w.has_dsa)
@@ -273,8 +274,8 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
       K3_RETURN_IF_ERROR(kvb.alloc(c, n_ctx * nh * wkv));
       linear(c, w.kv_b_proj, st.latent, n_ctx, kvb.f(), true, false, /*ldx=*/dl);  // [n_ctx, nh * wkv]
       if (fast_prefill && !sparse) {
-        K3_RETURN_IF_ERROR(prefill_fast(c, q.f() + s.row0 * nh * dqk, kvb.f(), st, s.n_tok, s.n_past,
-                                        nh, R, scale, z.f() + s.row0 * nh * dv));
+        K3_RETURN_IF_ERROR(prefill_fast(c, q.f() + s.row0 * nh * dqk, kvb.f(), st, s.n_tok, s.n_past, nh, R,
+                                        scale, z.f() + s.row0 * nh * dv));
         continue;
       }
       K3_RETURN_IF_ERROR(K.alloc(c, n_ctx * nh * dqk));

@@ -69,8 +69,8 @@ Result<std::unique_ptr<GpuSeqState>> GpuModel::new_state() {
   s->kda.assign(size_t(L), {});
   s->mla.assign(size_t(L), {});
   const bool fast = kda_fast(cfg_, opt_.precision);
-  s->latent16_ = opt_.precision == Precision::bf16 && cfg_.mla.kv_lora_rank == kMlaLatent &&
-                 cfg_.mla.d_rope == kMlaRope;
+  s->latent16_ =
+      opt_.precision == Precision::bf16 && cfg_.mla.kv_lora_rank == kMlaLatent && cfg_.mla.d_rope == kMlaRope;
   const int64_t per = kda_layer_bytes(cfg_, fast);
   const int64_t n_kda = n_kda_layers(cfg_);
   if (n_kda > 0) {
@@ -137,8 +137,8 @@ int64_t GpuSeqState::bytes() const {
   int64_t n = kda_layer_bytes(*cfg_, has_conv16(kda)) * n_kda_layers(*cfg_);
   for (int l = 0; l < cfg_->n_layer; ++l)
     if (cfg_->layer_attn[size_t(l)] != AttnKind::kda)
-      n += mla[size_t(l)].cap * ((cfg_->mla.d_latent() + index_width(*cfg_, l)) * 4 +
-                                 (latent16_ ? cfg_->mla.d_latent() * 2 : 0));
+      n += mla[size_t(l)].cap *
+           ((cfg_->mla.d_latent() + index_width(*cfg_, l)) * 4 + (latent16_ ? cfg_->mla.d_latent() * 2 : 0));
   return n;
 }
 

@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(NT, KDA_DECODE_MIN_BLOCKS) kda_decode_kernel(c
       }
     }
   };
-  if (KDA_DECODE_WIN_FIRST) {  // the window's 2.3 KB ahead of the 64 KB of state: the conv need not wait for it
+  if (KDA_DECODE_WIN_FIRST) {  // the window's 2.3 KB ahead of the 64 KB of state (the conv waits less)
     load_window();
     load_state();
   } else {

@@ -5,14 +5,14 @@
 // CL_MIN_BLOCKS=8 7.8-8.0; CL_CS=0 7.7-7.9). At b = 64 0.820 of copy (CL_CS=0: 0.866; the bulk-copy
 // kernel the dispatch keeps there: 0.859).
 //
-// The delta rule is independent per column j of V:  S[:, j] <- alpha * S[:, j];  u_j = beta (v_j - S[:, j] . k);
-// S[:, j] += k u_j;  o_j = S[:, j] . q.  Only the gated RMSNorm (mean of o^2 over the 128 columns) couples
-// them. So each (head, sequence) is a cluster of CS CTAs (4 warps each), CTA rank r owning the state columns
-// NC r .. NC r + NC - 1 (NC = 128 / CS), 16 KB of the 64 KB at CS = 4:
+// The delta rule is independent per column j of V:  S[:, j] <- alpha * S[:, j];
+// u_j = beta (v_j - S[:, j] . k);  S[:, j] += k u_j;  o_j = S[:, j] . q.  Only the gated RMSNorm (mean of
+// o^2 over the 128 columns) couples them. So each (head, sequence) is a cluster of CS CTAs (4 warps each), CTA rank r owning the state
+// columns NC r .. NC r + NC - 1 (NC = 128 / CS), 16 KB of the 64 KB at CS = 4:
 //   * the state slice is loaded into registers right after the slot (thread t: column quad t % NQ, rows
 //     t / NQ + RPI i), behind only the conv window's few bytes, so the prologue runs while it streams in;
-//   * the prologue is shared, not repeated: rank r computes conv + SiLU of q~, k~ channels CH r .. CH r + CH - 1
-//     (CH = 128 / CS), of v~ for its own columns, and alpha = exp(g) of rows CH r .. + CH - 1, and stores the
+//   * the prologue is shared, not repeated: rank r computes conv + SiLU of q~, k~ channels
+//     CH r .. CH r + CH - 1 (CH = 128 / CS), of v~ for its own columns, and alpha = exp(g) of rows CH r .. + CH - 1, and stores the
 //     q~, k~, alpha values into every CTA of the cluster (st.async into distributed shared memory, counted on
 //     the receiver's mbarrier); then every warp forms |q|, |k| itself (same sums in the same order
 //     everywhere: identical values in every CTA);
@@ -46,7 +46,8 @@ namespace {
 #ifndef KDA_DECODE_CL_CS  // 1: streaming cache hints (ld/st .cs, evict first) on the state
 #define KDA_DECODE_CL_CS 1
 #endif
-#ifndef KDA_DECODE_CL_SPREAD  // 1: ask for the cluster's CTAs spread over SMs (cudaClusterSchedulingPolicySpread)
+#ifndef KDA_DECODE_CL_SPREAD  // 1: ask for the cluster's CTAs spread over SMs
+                              // (cudaClusterSchedulingPolicySpread)
 #define KDA_DECODE_CL_SPREAD 1
 #endif
 // 1: programmatic dependent launch. The launch lets the next kernel of the stream start its prologue early
@@ -58,11 +59,11 @@ namespace {
 
 constexpr int DK = 128, DV = 128, NT = 128, NW = NT / 32;
 constexpr int CS = KDA_DECODE_CL_SPLIT;
-constexpr int NC = DV / CS;   // state columns per CTA
-constexpr int CH = DK / CS;   // q~, k~ channels and alpha rows this CTA's prologue computes
-constexpr int NQ = NC / 4;    // float4 column quads per row of the slice
-constexpr int RPI = NT / NQ;  // rows one load of all threads covers
-constexpr int NR = DK / RPI;  // rows per thread
+constexpr int NC = DV / CS;                 // state columns per CTA
+constexpr int CH = DK / CS;                 // q~, k~ channels and alpha rows this CTA's prologue computes
+constexpr int NQ = NC / 4;                  // float4 column quads per row of the slice
+constexpr int RPI = NT / NQ;                // rows one load of all threads covers
+constexpr int NR = DK / RPI;                // rows per thread
 constexpr int NE = (4 * CH + NT - 1) / NT;  // prologue items per thread (q~, k~, v~ channels, alpha rows)
 constexpr int OPL = (NC + 31) / 32;         // o columns per lane of warp 0
 static_assert(CS == 2 || CS == 4 || CS == 8, "cluster of 2, 4 or 8 CTAs per (head, sequence)");
@@ -184,7 +185,8 @@ __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(NT, KDA_DECODE_CL_M
     const int e = tid + NT * r, m = e / CH, c = int(rank) * CH + e % CH, ch = h * DK + c;
     if (e < 4 * CH) {
       if (m < 3) {
-        const float* w = m == 0 || !p.conv_w_k ? p.conv_w + size_t(m) * HK * 4 : (m == 1 ? p.conv_w_k : p.conv_w_v);
+        const float* w =
+            m == 0 || !p.conv_w_k ? p.conv_w + size_t(m) * HK * 4 : (m == 1 ? p.conv_w_k : p.conv_w_v);
         cw[r] = reinterpret_cast<const float4*>(w)[ch];
       } else {
         dtb[r] = p.dt_bias[ch];
@@ -214,7 +216,8 @@ __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(NT, KDA_DECODE_CL_M
   float gt[OPL];
 #pragma unroll
   for (int k = 0; k < OPL; ++k)
-    gt[k] = warp == 0 && lane + 32 * k < NC ? bf16f(p.gate[size_t(b) * H * DV + h * DV + c0 + lane + 32 * k]) : 0.f;
+    gt[k] = warp == 0 && lane + 32 * k < NC ? bf16f(p.gate[size_t(b) * H * DV + h * DV + c0 + lane + 32 * k])
+                                            : 0.f;
   const float blog = bf16f(p.b[size_t(b) * H + h]);
   float* Sbase;
   uint16_t* conv;
@@ -246,8 +249,8 @@ __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(NT, KDA_DECODE_CL_M
     if (e < 4 * CH) {
       if (m < 3) {
         const float4 w = cw[r];
-        const float y = w.x * bf16f(win[r][0]) + w.y * bf16f(win[r][1]) + w.z * bf16f(win[r][2]) +
-                        w.w * bf16f(cur[r]);
+        const float y =
+            w.x * bf16f(win[r][0]) + w.y * bf16f(win[r][1]) + w.z * bf16f(win[r][2]) + w.w * bf16f(cur[r]);
         val[r] = round_bf16(y * sigm(y));
         uint16_t* wp = conv + size_t(m) * 3 * HK + h * DK + c;  // only this CTA reads these channels
         wp[0] = win[r][1], wp[HK] = win[r][2], wp[2 * HK] = cur[r];
@@ -392,7 +395,9 @@ Status kda_decode_fast_cluster_cuda(const KdaDecodeParams& p, GpuContext& g) {
   cfg.attrs = attr, cfg.numAttrs = 1;
   K3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kda_decode_cluster_kernel, p));
 #else
+  // clang-format off (inside #else it is not parsed as CUDA and would split the launch brackets)
   kda_decode_cluster_kernel<<<grid, NT, 0, g.stream>>>(p);
+  // clang-format on
 #endif
   K3_CUDA_CHECK(cudaGetLastError());
   return ok_status();

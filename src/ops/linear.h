@@ -39,7 +39,7 @@ struct LinearParams {
   float* y = nullptr;        // [n_tok, out], row stride ldy (>= out)
   int64_t ldy = 0;           // 0 means out
   Precision x_precision = Precision::fp32;  // bf16: x values are bf16-rounded, the bf16 dot path is allowed
-  bool round_bf16 = false;                   // y[t, o] = bf16(sum) (kept in fp32)
+  bool round_bf16 = false;                  // y[t, o] = bf16(sum) (kept in fp32)
 };
 
 void linear_ref(const LinearWeight& W, const LinearParams& p);

@@ -317,18 +317,19 @@ template <WK K, bool VEC, int R, int NT>
 int64_t gemv_slots() {
   static const int64_t slots = [] {
     int per_sm = 0;
-    K3_CUDA_ASSERT(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<K, VEC, R, NT>,
-                                                                 kGemvThreads, 0));
+    K3_CUDA_ASSERT(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<K, VEC, R, NT>, kGemvThreads, 0));
     return int64_t(std::max(per_sm, 1)) * device_sm_count();
   }();
   return slots;
 }
 
 // One resident wave of CTAs, each striding over row groups, launched with PDL (K3_PDL=0: without): a GEMV's
-// CTAs start on the SMs the previous kernel leaves and fetch weights while it drains. R = 4 rows per group (4 loads in flight per
-// thread and step, x read once for 4 rows) when the groups fill that wave's CTAs in whole rounds (at most 4%
-// of the last round idle); otherwise 1 row per group: out = 12288 over 6 x 132 CTAs of one row each leaves
-// 3% idle, where one warp per row (sessions 1-6) left 1.45 waves of 8-row CTAs: 0.65 of copy at batch 1.
+// CTAs start on the SMs the previous kernel leaves and fetch weights while it drains. R = 4 rows per group (4
+// loads in flight per thread and step, x read once for 4 rows) when the groups fill that wave's CTAs in whole
+// rounds (at most 4% of the last round idle); otherwise 1 row per group: out = 12288 over 6 x 132 CTAs of one
+// row each leaves 3% idle, where one warp per row (sessions 1-6) left 1.45 waves of 8-row CTAs: 0.65 of copy
+// at batch 1.
 template <WK K, bool VEC, int NT>
 void gemv_launch(const GemvArgs& a, GpuContext& g) {
   static const bool pdl = env_switch("K3_PDL", true);
@@ -369,8 +370,8 @@ void gemv_group(WK k, const LinearWeight* const* W, const LinearParams* p, int n
   a.x_vec = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.ldx % 4 == 0;
   bool vec = a.row_bytes % int64_t(load_bytes(k)) == 0;
   for (int i = 0; i < n; ++i) {
-    a.seg[i] = GemvSeg{W[i]->w, W[i]->scale, p[i].y, p[i].ldy ? p[i].ldy : W[i]->out, a.out, W[i]->out,
-                       p[i].round_bf16};
+    a.seg[i] = GemvSeg{W[i]->w, W[i]->scale, p[i].y,         p[i].ldy ? p[i].ldy : W[i]->out,
+                       a.out,   W[i]->out,   p[i].round_bf16};
     a.out += W[i]->out;
     vec = vec && reinterpret_cast<uintptr_t>(W[i]->w) % load_bytes(k) == 0;
   }

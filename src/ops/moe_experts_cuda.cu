@@ -592,12 +592,13 @@ __global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_ring_kern
 #ifdef K3_MOE_VARIANTS  // bench builds only, until it has run on a GPU
 // ---- decode, table version: experts_decode_lut_kernel (bench variants 12-16; n_tok <= 2) ----
 // The work split of experts_decode_kernel (block = (tile, 16 neurons gate + up / 32 down rows), 4 warps
-// splitting the reduction, DEPTH chunks of loads in flight per warp), with the decode of moe_experts_layout.h's
-// table version: a byte -> bf16x2 table in shared memory, one copy per lane (one prmt + one conflict-free load
-// per weight byte), and the E8M0 scale applied to fp32 per-group partial sums (MMA column n = (group n / 2,
-// token n % 2)) instead of to every pair. Rows of a lane's operands: gate / up (DUAL) A = (w1, w3) rows n0 + g
-// (MMA rows g, g + 8), B = the same for n0 + 8 + g; down A = w2 rows n0 + g, n0 + 8 + g, B = n0 + 16 + g,
-// n0 + 24 + g. Activations stay in natural column order (z and h), staged once per block in the table's gaps.
+// splitting the reduction, DEPTH chunks of loads in flight per warp), with the decode of
+// moe_experts_layout.h's table version: a byte -> bf16x2 table in shared memory, one copy per lane (one prmt
+// + one conflict-free load per weight byte), and the E8M0 scale applied to fp32 per-group partial sums (MMA
+// column n = (group n / 2, token n % 2)) instead of to every pair. Rows of a lane's operands: gate / up
+// (DUAL) A = (w1, w3) rows n0 + g (MMA rows g, g + 8), B = the same for n0 + 8 + g; down A = w2 rows n0 + g,
+// n0 + 8 + g, B = n0 + 16 + g, n0 + 24 + g. Activations stay in natural column order (z and h), staged once
+// per block in the table's gaps.
 constexpr int kLutSmem = moe::kLutBytes + (kDecWarps - 1) * 32 * 8 * 4;
 
 struct LutLoads {  // one lane's loads of one chunk: its 32-column group of 4 rows (see above), exponents
@@ -609,10 +610,10 @@ __device__ __forceinline__ uint32_t lut_get(const char* lut, uint32_t w, int k, 
   return *reinterpret_cast<const uint32_t*>(lut + moe::lut_addr(w, k, lane));
 }
 
-// the chunk's 8 k16 steps (byte 2 s / 2 s + 1 of the group: a0 / a2 of rows g, a1 / a3 of rows g + 8) into fresh
-// accumulators, then acc += 2^(e - 127) * partial (fp32, exact scaling) per row
-__device__ __forceinline__ void lut_chunk(const LutLoads& d, const uint4 (&x)[4], const char* lut, uint32_t lane,
-                                          float (&accA)[4], float (&accB)[4]) {
+// the chunk's 8 k16 steps (byte 2 s / 2 s + 1 of the group: a0 / a2 of rows g, a1 / a3 of rows g + 8) into
+// fresh accumulators, then acc += 2^(e - 127) * partial (fp32, exact scaling) per row
+__device__ __forceinline__ void lut_chunk(const LutLoads& d, const uint4 (&x)[4], const char* lut,
+                                          uint32_t lane, float (&accA)[4], float (&accB)[4]) {
   float ca[4] = {0.f, 0.f, 0.f, 0.f}, cb[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
   for (int wi = 0; wi < 4; ++wi) {
@@ -648,14 +649,16 @@ __global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_lut_kerne
   float(*part)[32][8] = reinterpret_cast<float(*)[32][8]>(lut + moe::kLutBytes);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
   if constexpr (DUAL) pdl_launch_dependents();  // a no-op unless the next kernel is launched with PDL
-  const int4 ti = a.tiles[blockIdx.x];  // (expert, first sorted row, rows <= kLutTok)
+  const int4 ti = a.tiles[blockIdx.x];          // (expert, first sorted row, rows <= kLutTok)
   if (ti.x < 0) return;
   const int r0 = ti.y, n_r = ti.z, K = a.K;
   const MoeExpertPtrs ep = a.experts[ti.x];
   constexpr int kNeur = DUAL ? 16 : 32;
   const int n0 = blockIdx.y * kNeur;
-  const uint8_t* wp[4] = {DUAL ? ep.w1 : ep.w2, DUAL ? ep.w3 : ep.w2, DUAL ? ep.w1 : ep.w2, DUAL ? ep.w3 : ep.w2};
-  const uint8_t* sp[4] = {DUAL ? ep.s1 : ep.s2, DUAL ? ep.s3 : ep.s2, DUAL ? ep.s1 : ep.s2, DUAL ? ep.s3 : ep.s2};
+  const uint8_t* wp[4] = {DUAL ? ep.w1 : ep.w2, DUAL ? ep.w3 : ep.w2, DUAL ? ep.w1 : ep.w2,
+                          DUAL ? ep.w3 : ep.w2};
+  const uint8_t* sp[4] = {DUAL ? ep.s1 : ep.s2, DUAL ? ep.s3 : ep.s2, DUAL ? ep.s1 : ep.s2,
+                          DUAL ? ep.s3 : ep.s2};
   const int row[4] = {n0 + g, DUAL ? n0 + g : n0 + 8 + g, DUAL ? n0 + 8 + g : n0 + 16 + g,
                       DUAL ? n0 + 8 + g : n0 + 24 + g};
   const int n_chunk = (K + moe::kChunk - 1) / moe::kChunk, per = (n_chunk + kDecWarps - 1) / kDecWarps;
@@ -705,7 +708,8 @@ __global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_lut_kerne
       const bool okx = own && G * 32 < K;
 #pragma unroll
       for (int wi = 0; wi < 4; ++wi)
-        x[wi] = okx ? *reinterpret_cast<const uint4*>(lut + moe::lut_x_off(tok, G) + wi * 16) : make_uint4(0, 0, 0, 0);
+        x[wi] = okx ? *reinterpret_cast<const uint4*>(lut + moe::lut_x_off(tok, G) + wi * 16)
+                    : make_uint4(0, 0, 0, 0);
       lut_chunk(buf[j], x, lut, uint32_t(lane), accA, accB);
     }
   }
@@ -725,14 +729,16 @@ __global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_lut_kerne
   for (int w = 0; w < kDecWarps - 1; ++w)
 #pragma unroll
     for (int i = 0; i < 4; ++i) accA[i] += part[w][lane][i], accB[i] += part[w][lane][4 + i];
-  const float v[4] = {q ? accA[1] : accA[0], q ? accA[3] : accA[2], q ? accB[1] : accB[0], q ? accB[3] : accB[2]};
+  const float v[4] = {q ? accA[1] : accA[0], q ? accA[3] : accA[2], q ? accB[1] : accB[0],
+                      q ? accB[3] : accB[2]};
   if constexpr (DUAL) {  // v = gate, up of neuron n0 + g, then of n0 + 8 + g; h in natural order
 #pragma unroll
     for (int o = 0; o < 2; ++o) {
       const int neuron = n0 + 8 * o + g;
       if (neuron >= a.n_out) continue;
       const float gv = round_bf16_dev(v[2 * o]), uv = round_bf16_dev(v[2 * o + 1]);
-      a.out[size_t(r0 + q) * a.n_out + neuron] = __float2bfloat16_rn(act_dev(a.act, gv, uv, a.beta1, a.beta2));
+      a.out[size_t(r0 + q) * a.n_out + neuron] =
+          __float2bfloat16_rn(act_dev(a.act, gv, uv, a.beta1, a.beta2));
     }
   } else {  // v = rows n0 + g, + 8, + 16, + 24
     const size_t orow = size_t(a.order[r0 + q]) * a.n_out;
@@ -744,12 +750,14 @@ __global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_lut_kerne
 
 template <int DEPTH, int MINB, bool PDL>
 void launch_decode_lut(const GemmArgs& a, unsigned max_tiles, int n_neur_blocks, bool dual, GpuContext& g) {
-  auto k = dual ? experts_decode_lut_kernel<true, DEPTH, MINB> : experts_decode_lut_kernel<false, DEPTH, MINB, PDL>;
+  auto k = dual ? experts_decode_lut_kernel<true, DEPTH, MINB>
+                : experts_decode_lut_kernel<false, DEPTH, MINB, PDL>;
   static std::atomic<bool> sized[64] = {};  // the >48 KB opt-in is a per-device function attribute
   int dev = 0;
   K3_CUDA_ASSERT(cudaGetDevice(&dev));
   if (dev >= 64 || !sized[dev].load()) {
-    for (auto f : {experts_decode_lut_kernel<true, DEPTH, MINB>, experts_decode_lut_kernel<false, DEPTH, MINB, PDL>})
+    for (auto f :
+         {experts_decode_lut_kernel<true, DEPTH, MINB>, experts_decode_lut_kernel<false, DEPTH, MINB, PDL>})
       K3_CUDA_ASSERT(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kLutSmem));
     if (dev < 64) sized[dev] = true;
   }

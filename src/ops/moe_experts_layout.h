@@ -85,18 +85,18 @@ K3_HD int unit_pos(int c) {
   return (0x13570246 >> (4 * c)) & 7;
 }
 
-// ---- the table version of the decode kernel (experts_decode_lut_kernel; bench variants 12-14, n_tok <= 2) ----
-// Weights become bf16 pairs through a shared-memory table of byte -> e2m1x2_bf16x2(byte) (unscaled, so every
-// entry is a normal bf16: exact), one copy per lane so that 32 random lookups never share a bank: entry b of
-// lane l at byte lut_addr = b * 256 + 4 l, one prmt away from a weight word (the byte next to the lane's
+// ---- the table version of the decode kernel (experts_decode_lut_kernel; bench variants 12-14, n_tok <= 2)
+// ---- Weights become bf16 pairs through a shared-memory table of byte -> e2m1x2_bf16x2(byte) (unscaled, so
+// every entry is a normal bf16: exact), one copy per lane so that 32 random lookups never share a bank: entry
+// b of lane l at byte lut_addr = b * 256 + 4 l, one prmt away from a weight word (the byte next to the lane's
 // offset). The other 128 bytes of each 256 hold the staged activations (lut_x_off). The E8M0 scale is not
-// applied per pair: each MMA's 8 token columns are (group of the lane's 32 columns, token) pairs, n = 2 q + t,
-// so column n only sums the k of group q = n / 2: lane (g, q) feeds B = x of token g % 2 where g / 2 == q and
-// zeros elsewhere, and its accumulators c0 / c2 (token 0) and c1 / c3 (token 1) of rows g / g + 8 are the
+// applied per pair: each MMA's 8 token columns are (group of the lane's 32 columns, token) pairs, n = 2 q +
+// t, so column n only sums the k of group q = n / 2: lane (g, q) feeds B = x of token g % 2 where g / 2 == q
+// and zeros elsewhere, and its accumulators c0 / c2 (token 0) and c1 / c3 (token 1) of rows g / g + 8 are the
 // chunk's group-q partial sums, which it scales by 2^(e - 127) in fp32 (exact) into its running sums.
-constexpr int kLutTok = 2;                   // token columns per tile (a tile of the table version has <= 2 rows)
-constexpr int kLutBytes = 256 * 256;         // the table and, in its gaps, the activations
-constexpr int kLutMaxK = 128 * 2 * 32;       // a token's gaps: 128 of 2 groups of 32 columns (K <= 8192)
+constexpr int kLutTok = 2;              // token columns per tile (a tile of the table version has <= 2 rows)
+constexpr int kLutBytes = 256 * 256;    // the table and, in its gaps, the activations
+constexpr int kLutMaxK = 128 * 2 * 32;  // a token's gaps: 128 of 2 groups of 32 columns (K <= 8192)
 
 K3_HD uint32_t lut_addr(uint32_t w, int k, uint32_t lane) {  // byte k (0..3) of weight word w, lane 0..31
 #if defined(__CUDA_ARCH__)

@@ -73,8 +73,8 @@ inline std::vector<float> run_gpu(gpu::GpuModel& m, const std::vector<int32_t>& 
 // applies). That token's rows of the routing-dependent intermediates of that layer (moe_weights, moe_routed,
 // ffn_out, l_out) are left out of their NMSE; at most max_flips such (token, layer) pairs over all calls.
 // With max_flips = 0 a flip fails the test.
-inline void expect_bf16_layers_match_cpu(const Checkpoint& ck, const std::vector<int64_t>& calls, uint32_t seed,
-                                         const std::string& label,
+inline void expect_bf16_layers_match_cpu(const Checkpoint& ck, const std::vector<int64_t>& calls,
+                                         uint32_t seed, const std::string& label,
                                          const std::function<void(const gpu::GpuSeqState&)>& on_state = {},
                                          int max_flips = 0) {
   using Trace = std::map<std::pair<std::string, int>, std::vector<float>>;

@@ -91,7 +91,8 @@ class LinearCase : public OpCase {
     return "n_tok=" + std::to_string(n_tok_) + " in=" + std::to_string(in_) + " out=" + std::to_string(out_) +
            " w=" + wtype_name(wt_) + " x=" + precision_name(prec_) +
            (ldx_ != in_ ? " ldx=" + std::to_string(ldx_) : "") +
-           (ldy_ != out_ ? " ldy=" + std::to_string(ldy_) : "") + (specials_ ? " x-has-nan-inf" : "") + (round_ ? " round_bf16" : "");
+           (ldy_ != out_ ? " ldy=" + std::to_string(ldy_) : "") + (specials_ ? " x-has-nan-inf" : "") +
+           (round_ ? " round_bf16" : "");
   }
   double max_nmse() const override { return round_ ? 1e-5 : 1e-9; }
   bool supports(Backend b) const override { return b != Backend::cuda || kCudaBuilt; }
@@ -223,9 +224,9 @@ K3_OP_CASES(linear_cases) {
   struct Shape {
     int64_t n_tok, in, out, pad_x, pad_y;
   };
-  const Shape shapes[] = {{1, 64, 13, 0, 0},     {1, 1000, 37, 5, 0},  {3, 1000, 37, 0, 2},
-                          {8, 256, 300, 4, 1},    {17, 96, 40, 0, 3},   {33, 130, 9, 7, 0},
-                          {127, 256, 67, 0, 0},   {989, 48, 21, 16, 1}, {1, 64, 105601, 0, 0},
+  const Shape shapes[] = {{1, 64, 13, 0, 0},    {1, 1000, 37, 5, 0},  {3, 1000, 37, 0, 2},
+                          {8, 256, 300, 4, 1},  {17, 96, 40, 0, 3},   {33, 130, 9, 7, 0},
+                          {127, 256, 67, 0, 0}, {989, 48, 21, 16, 1}, {1, 64, 105601, 0, 0},
                           {5, 96, 105601, 0, 3}};
   for (WType wt : {WType::f32, WType::bf16, WType::f16, WType::fp8, WType::mxfp4})
     for (Precision prec : {Precision::fp32, Precision::bf16})
@@ -233,8 +234,8 @@ K3_OP_CASES(linear_cases) {
         const int64_t in = wt == WType::mxfp4 ? (s.in + 31) / 32 * 32 : s.in;
         cases.push_back(std::make_unique<LinearCase>(wt, prec, s.n_tok, in, s.out, s.pad_x, s.pad_y));
         if (prec == Precision::bf16)  // the model's rounding point, fused into the GEMV on the GPU
-          cases.push_back(
-              std::make_unique<LinearCase>(wt, prec, s.n_tok, in, s.out, s.pad_x, s.pad_y, false, false, true));
+          cases.push_back(std::make_unique<LinearCase>(wt, prec, s.n_tok, in, s.out, s.pad_x, s.pad_y, false,
+                                                       false, true));
       }
   // NaN / Inf inputs: the positions of NaN and Inf outputs must match the reference exactly
   for (WType wt : {WType::f32, WType::bf16, WType::f16, WType::fp8, WType::mxfp4})
