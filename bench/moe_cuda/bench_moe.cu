@@ -10,8 +10,8 @@
 // 2. correctness: small odd shapes (both paths) and K3 shapes (decode batch 1 and 2 tokens of a 4096-token
 //    prefill) against the fp64 host reference moe_experts_ref; moe_route against moe_route_ref.
 // 3. timing (CUDA events, median of 10 after 2 warm-ups): decode batch 1, 2, 8, 64 (MoE byte floor =
-//    the active experts' MXFP4 bytes / copy GB/s); prefill 4096 and 8192 tokens (useful TFLOP/s vs the cuBLAS rate);
-//    routing at batch 1, 64, 4096.
+//    the active experts' MXFP4 bytes / copy GB/s); prefill 4096 and 8192 tokens (useful TFLOP/s vs the
+//    cuBLAS rate); routing at batch 1, 64, 4096.
 // Build: bash bench/moe_cuda/build.sh.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>

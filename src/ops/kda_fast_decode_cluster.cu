@@ -7,15 +7,15 @@
 //
 // The delta rule is independent per column j of V:  S[:, j] <- alpha * S[:, j];
 // u_j = beta (v_j - S[:, j] . k);  S[:, j] += k u_j;  o_j = S[:, j] . q.  Only the gated RMSNorm (mean of
-// o^2 over the 128 columns) couples them. So each (head, sequence) is a cluster of CS CTAs (4 warps each), CTA rank r owning the state
-// columns NC r .. NC r + NC - 1 (NC = 128 / CS), 16 KB of the 64 KB at CS = 4:
+// o^2 over the 128 columns) couples them. So each (head, sequence) is a cluster of CS CTAs (4 warps each),
+// CTA rank r owning the state columns NC r .. NC r + NC - 1 (NC = 128 / CS), 16 KB of the 64 KB at CS = 4:
 //   * the state slice is loaded into registers right after the slot (thread t: column quad t % NQ, rows
 //     t / NQ + RPI i), behind only the conv window's few bytes, so the prologue runs while it streams in;
 //   * the prologue is shared, not repeated: rank r computes conv + SiLU of q~, k~ channels
-//     CH r .. CH r + CH - 1 (CH = 128 / CS), of v~ for its own columns, and alpha = exp(g) of rows CH r .. + CH - 1, and stores the
-//     q~, k~, alpha values into every CTA of the cluster (st.async into distributed shared memory, counted on
-//     the receiver's mbarrier); then every warp forms |q|, |k| itself (same sums in the same order
-//     everywhere: identical values in every CTA);
+//     CH r .. CH r + CH - 1 (CH = 128 / CS), of v~ for its own columns, and alpha = exp(g) of rows
+//     CH r .. + CH - 1, and stores the q~, k~, alpha values into every CTA of the cluster (st.async into
+//     distributed shared memory, counted on the receiver's mbarrier); then every warp forms |q|, |k| itself
+//     (same sums in the same order everywhere: identical values in every CTA);
 //   * each rank rolls the window of the channels it read (no other CTA reads them);
 //   * the sum of o^2 over its NC columns goes to every CTA the same way, then the gated norm (at CS = 4 the
 //     mean is grouped and added as in kda_fast_decode.cu's kernel: four 32-column sums, in column order).
@@ -395,7 +395,8 @@ Status kda_decode_fast_cluster_cuda(const KdaDecodeParams& p, GpuContext& g) {
   cfg.attrs = attr, cfg.numAttrs = 1;
   K3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kda_decode_cluster_kernel, p));
 #else
-  // clang-format off (inside #else it is not parsed as CUDA and would split the launch brackets)
+  // (clang-format does not parse this branch as CUDA and would split the launch brackets)
+  // clang-format off
   kda_decode_cluster_kernel<<<grid, NT, 0, g.stream>>>(p);
   // clang-format on
 #endif
