@@ -31,6 +31,11 @@ struct MlaSeqGpu {
 Status embed_gpu(const GpuCtx& c, const ModelWeightsGpu& w, int64_t d_model, const int32_t* tokens,
                  int64_t n_tok, float* x0);
 
+// The projections of a KDA layer's input x, one GEMV launch at decode sizes (the same results as one linear()
+// each): qt, kt, vt [n_tok, H K]; the beta logits bt [n_tok, H] (sigmoid after: MODEL.md §13 #16); the decay
+// input g = f_b(f_a(x)) [n_tok, H K]; the output gate [n_tok, H K] (full rank, or g_b(g_a(x))).
+Status kda_project_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeightsGpu& w, const float* x,
+                       int64_t n_tok, float* qt, float* kt, float* vt, float* bt, float* g, float* gate);
 Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeightsGpu& w, const KdaExec& ex,
                        std::span<const KdaSeqGpu> seqs, const float* x, int64_t n_rows, float* out,
                        int layer);

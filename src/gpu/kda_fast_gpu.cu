@@ -158,25 +158,11 @@ Status kda_forward_fast_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWe
 #endif
   const bool lb_form = cfg.kda.has_gate_lower_bound;
   const bool fast_prefill = lb_form && cfg.kda.gate_lower_bound >= -5.f && !ex.recurrent;
-  DevBuf qt, kt, vt, q, k, v, bt, fa, g, o, y, gate;
+  DevBuf qt, kt, vt, q, k, v, bt, g, o, y, gate;
   for (DevBuf* b : {&qt, &kt, &vt, &q, &k, &v, &g, &o, &y, &gate})
     K3_RETURN_IF_ERROR(b->alloc(c, n_tok * HK));
   K3_RETURN_IF_ERROR(bt.alloc(c, n_tok * H));
-  K3_RETURN_IF_ERROR(fa.alloc(c, n_tok * w.f_a_proj.out));
-  DevBuf ga;  // every projection of x in one GEMV launch at decode sizes
-  const bool full_gate = cfg.kda.full_rank_gate;
-  if (!full_gate) K3_RETURN_IF_ERROR(ga.alloc(c, n_tok * w.g_a_proj.out));
-  const LinearOut gate_out = full_gate ? LinearOut{&w.g_proj, gate.f()} : LinearOut{&w.g_a_proj, ga.f()};
-  linear_group(c,
-               {{&w.q_proj, qt.f()},
-                {&w.k_proj, kt.f()},
-                {&w.v_proj, vt.f()},
-                {&w.b_proj, bt.f()},
-                {&w.f_a_proj, fa.f()},
-                gate_out},
-               x, n_tok);
-  linear(c, w.f_b_proj, fa.f(), n_tok, g.f());
-  if (!full_gate) linear(c, w.g_b_proj, ga.f(), n_tok, gate.f());
+  K3_RETURN_IF_ERROR(kda_project_gpu(c, cfg, w, x, n_tok, qt.f(), kt.f(), vt.f(), bt.f(), g.f(), gate.f()));
 
   // One-token sequences: one fused launch over all of them (per-sequence state pointers, uploaded once).
   std::vector<int64_t> rows;

@@ -109,6 +109,20 @@ Status kda_forward_fast_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWe
                             std::span<const KdaSeqGpu> seqs, const float* x, int64_t n_tok, float* out,
                             int layer);
 
+Status kda_project_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeightsGpu& w, const float* x,
+                       int64_t n_tok, float* qt, float* kt, float* vt, float* bt, float* g, float* gate) {
+  DevBuf fa, ga;
+  K3_RETURN_IF_ERROR(fa.alloc(c, n_tok * w.f_a_proj.out));
+  const bool full_gate = cfg.kda.full_rank_gate;
+  if (!full_gate) K3_RETURN_IF_ERROR(ga.alloc(c, n_tok * w.g_a_proj.out));
+  const LinearOut gate_out = full_gate ? LinearOut{&w.g_proj, gate} : LinearOut{&w.g_a_proj, ga.f()};
+  linear_group(c, {{&w.q_proj, qt}, {&w.k_proj, kt}, {&w.v_proj, vt}, {&w.b_proj, bt}, {&w.f_a_proj, fa.f()}, gate_out},
+               x, n_tok);
+  linear(c, w.f_b_proj, fa.f(), n_tok, g);
+  if (!full_gate) linear(c, w.g_b_proj, ga.f(), n_tok, gate);
+  return launch_status("kda projections");
+}
+
 Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeightsGpu& w, const KdaExec& ex,
                        std::span<const KdaSeqGpu> seqs, const float* x, int64_t n_tok, float* out,
                        int layer) {
@@ -116,24 +130,10 @@ Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeights
     return kda_forward_fast_gpu(c, cfg, w, ex, seqs, x, n_tok, out, layer);
   const int64_t H = cfg.kda.n_head, K = cfg.kda.d_head, HK = H * K;
   const int W = cfg.kda.conv_size;
-  DevBuf qt, kt, vt, q, k, v, bt, fa, g, o, gate;
+  DevBuf qt, kt, vt, q, k, v, bt, g, o, gate;
   for (DevBuf* b : {&qt, &kt, &vt, &q, &k, &v, &g, &o, &gate}) K3_RETURN_IF_ERROR(b->alloc(c, n_tok * HK));
   K3_RETURN_IF_ERROR(bt.alloc(c, n_tok * H));
-  K3_RETURN_IF_ERROR(fa.alloc(c, n_tok * w.f_a_proj.out));
-  // every projection of x in one GEMV launch at decode sizes (the same results as one linear() each)
-  DevBuf ga;
-  const bool full_gate = cfg.kda.full_rank_gate;
-  if (!full_gate) K3_RETURN_IF_ERROR(ga.alloc(c, n_tok * w.g_a_proj.out));
-  const LinearOut gate_out = full_gate ? LinearOut{&w.g_proj, gate.f()} : LinearOut{&w.g_a_proj, ga.f()};
-  // b_proj: beta = sigmoid(.) below (MODEL.md §13 #16)
-  linear_group(c,
-               {{&w.q_proj, qt.f()},
-                {&w.k_proj, kt.f()},
-                {&w.v_proj, vt.f()},
-                {&w.b_proj, bt.f()},
-                {&w.f_a_proj, fa.f()},
-                gate_out},
-               x, n_tok);
+  K3_RETURN_IF_ERROR(kda_project_gpu(c, cfg, w, x, n_tok, qt.f(), kt.f(), vt.f(), bt.f(), g.f(), gate.f()));
   const int64_t win = int64_t(W - 1) * HK;
   for (const KdaSeqGpu& s : seqs) {
     if (s.n_tok <= 0) continue;
@@ -163,7 +163,6 @@ Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeights
   SigmoidParams sp;
   sp.n_row = n_tok, sp.d = H, sp.x = bt.f(), sp.y = bt.f();
   sigmoid_cuda(sp, *c.g);
-  linear(c, w.f_b_proj, fa.f(), n_tok, g.f());
   gate_kernel<<<blocks_for(n_tok * HK), kThreads, 0, c.stream()>>>(g.f(), w.dt_bias, w.A_log, n_tok, int(H),
                                                                    int(K), cfg.kda.has_gate_lower_bound,
                                                                    cfg.kda.gate_lower_bound);
@@ -189,7 +188,6 @@ Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeights
   c.rnd(o.f(), n_tok * HK);
   c.cb("kda_o", layer, o.f(), n_tok * HK);
 
-  if (!full_gate) linear(c, w.g_b_proj, ga.f(), n_tok, gate.f());
   const int64_t n_row = n_tok * H;
   gated_norm_kernel<<<blocks_for(n_row * 32), kThreads, 0, c.stream()>>>(o.f(), gate.f(), w.o_norm, n_row,
                                                                          int(K), cfg.rms_norm_eps, c.bf16());
