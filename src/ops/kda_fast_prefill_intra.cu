@@ -129,6 +129,22 @@ __device__ __forceinline__ void write_t_w(const float* T, const float* Bk, uint3
   }
 }
 
+// One 8-column tile of block row a from its two MMA halves: L's (strictly below the diagonal, times beta) to L,
+// A's (on and below the diagonal) to the scratch as bf16 A fragments. Both versions' al_tiles end here.
+__device__ __forceinline__ void al_tile_out(float (&acc)[4], const float (&acc2)[4], int a, int j0, bool is_l,
+                                            const float* beta, float* L, uint32_t* scr) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int i = 16 * a + g + 8 * (c >> 1), j = j0 + 2 * t + (c & 1);
+    const float x = acc[c] + acc2[c];
+    acc[c] = is_l ? (j < i ? beta[i] * x : 0.f) : (j <= i ? x : 0.f);
+    if (is_l) L[i * LDC + j] = acc[c];
+  }
+  if (!is_l)
+    reinterpret_cast<uint2*>(scr + OFF_AF)[2 * frag_at(a, j0 / 16, 4, lane) + (j0 / 8 & 1)] = c_to_a_h(acc);
+}
+
 #if KDA_PRE_INTRA_V == 1
 // ---- Version 1 (session 4): G, Kc, L, T, Bk all in shared memory, 106 KB, 2 CTAs per SM. ----
 namespace v1 {
@@ -161,8 +177,7 @@ __device__ __forceinline__ void prefetch_qk(const Chunk& ch) {
 template <int a>
 __device__ __forceinline__ void al_tiles(const float* Qr, const float* Kr, const float* Kc, float* L,
                                          const float* beta, uint32_t* scr) {
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int g = lane >> 2, t = lane & 3;
+  const int warp = threadIdx.x >> 5;
   constexpr int n_tile = 2 * (a + 1);  // 8-column tiles of block row a: A's, then L's
   for (int tile = warp; tile < 2 * n_tile; tile += NW) {
     const bool is_l = tile >= n_tile;
@@ -179,15 +194,7 @@ __device__ __forceinline__ void al_tiles(const float* Qr, const float* Kr, const
       mma_tf32(acc, af, bf);
       mma_tf32(acc2, af2, bf2);
     }
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int i = 16 * a + g + 8 * (c >> 1), j = j0 + 2 * t + (c & 1);
-      const float x = acc[c] + acc2[c];
-      acc[c] = is_l ? (j < i ? beta[i] * x : 0.f) : (j <= i ? x : 0.f);
-      if (is_l) L[i * LDC + j] = acc[c];
-    }
-    if (!is_l)
-      reinterpret_cast<uint2*>(scr + OFF_AF)[2 * frag_at(a, j0 / 16, 4, lane) + (j0 / 8 & 1)] = c_to_a_h(acc);
+    al_tile_out(acc, acc2, a, j0, is_l, beta, L, scr);
   }
 }
 
@@ -359,7 +366,6 @@ template <int a>
 __device__ __forceinline__ void al_tiles(const uint32_t* Qf, const uint32_t* Kf, const float* Kc, float* L,
                                          const float* beta, uint32_t* scr) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int g = lane >> 2, t = lane & 3;
   constexpr int n_tile = 2 * (a + 1);  // 8-column tiles of block row a: A's, then L's
   for (int tile = warp; tile < 2 * n_tile; tile += NW) {
     const bool is_l = tile >= n_tile;
@@ -376,15 +382,7 @@ __device__ __forceinline__ void al_tiles(const uint32_t* Qf, const uint32_t* Kf,
       mma_tf32(acc, af, bf);
       mma_tf32(acc2, af2, bf2);
     }
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int i = 16 * a + g + 8 * (c >> 1), j = j0 + 2 * t + (c & 1);
-      const float x = acc[c] + acc2[c];
-      acc[c] = is_l ? (j < i ? beta[i] * x : 0.f) : (j <= i ? x : 0.f);
-      if (is_l) L[i * LDC + j] = acc[c];
-    }
-    if (!is_l)
-      reinterpret_cast<uint2*>(scr + OFF_AF)[2 * frag_at(a, j0 / 16, 4, lane) + (j0 / 8 & 1)] = c_to_a_h(acc);
+    al_tile_out(acc, acc2, a, j0, is_l, beta, L, scr);
   }
 }
 
