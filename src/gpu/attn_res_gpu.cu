@@ -155,8 +155,7 @@ __global__ void __launch_bounds__(kNormThreads)
   const float r = 1.0f / sqrtf(tot[2 * kFastSources] / float(D) + eps);
   for (int64_t d = threadIdx.x; d < D; d += kNormThreads) {  // this thread's own a values
     const float x = a[t * D + d], wd = w ? w[d] : 1.f;
-    y[t * D + d] =
-        bf16 ? (w ? round_bf16_dev(round_bf16_dev(x * r) * wd) : round_bf16_dev(x * r)) : x * r * wd;
+    y[t * D + d] = cuda_ops::rms_norm_out(x, r, wd, w, bf16);
   }
 }
 
@@ -269,9 +268,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kClusterThrea
   cluster.barrier_arrive();     // done reading the others' part_a
   const float r = 1.0f / sqrtf(ss / float(D) + eps);
   if (live) {
-    const auto norm = [&](float x, float wk) {
-      return bf16 ? (w ? round_bf16_dev(round_bf16_dev(x * r) * wk) : round_bf16_dev(x * r)) : x * r * wk;
-    };
+    const auto norm = [&](float x, float wk) { return cuda_ops::rms_norm_out(x, r, wk, w, bf16); };
     store4(y + t * D + d, make_float4(norm(o.x, wd.x), norm(o.y, wd.y), norm(o.z, wd.z), norm(o.w, wd.w)));
   }
   cluster.barrier_wait();  // no CTA exits while another may still read its part_a

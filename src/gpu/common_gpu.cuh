@@ -27,6 +27,7 @@
 #include "core/gpu.h"
 #include "gpu/arena.h"
 #include "model/common.h"
+#include "ops/cuda_util.cuh"
 #include "ops/linear.h"
 #include "ops/precision.h"
 
@@ -37,10 +38,7 @@ inline unsigned blocks_for(int64_t n, int threads = kThreads) {
   return unsigned((n + threads - 1) / threads);
 }
 
-// bf16 round-to-nearest-even kept in fp32 (dtype.h round_bf16 on the device).
-__device__ inline float round_bf16_dev(float v) {
-  return __bfloat162float(__float2bfloat16_rn(v));
-}
+using cuda_ops::round_bf16_dev;  // bf16 round-to-nearest-even kept in fp32 (ops/cuda_util.cuh)
 
 struct GpuCtx {
   Precision prec = Precision::fp32;

@@ -47,6 +47,12 @@ __device__ __forceinline__ float round_bf16_dev(float v) {
   return __bfloat162float(__float2bfloat16_rn(v));
 }
 
+// One RMSNorm output with ops/rms_norm.h's rounding points: x r w in fp32; in bf16 mode bf16(bf16(x r) w),
+// or bf16(x r) without a weight (has_w false, w = 1).
+__device__ __forceinline__ float rms_norm_out(float x, float r, float w, bool has_w, bool bf16) {
+  return bf16 ? (has_w ? round_bf16_dev(round_bf16_dev(x * r) * w) : round_bf16_dev(x * r)) : x * r * w;
+}
+
 // Programmatic dependent launch (sm_90): pdl_launch_dependents lets the stream's next kernel, if launched
 // with the PDL attribute (launch_pdl), start its CTAs now; pdl_wait blocks until the previous kernel has
 // finished and its writes are visible. Both return at once when the launches carry no PDL attribute.

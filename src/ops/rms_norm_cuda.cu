@@ -35,8 +35,7 @@ __global__ void rms_norm_kernel(RmsNormParams p, int64_t ldx, int64_t ldy) {
   const bool bf16 = p.precision == Precision::bf16;
   for (int64_t i = threadIdx.x; i < p.d; i += blockDim.x) {
     const float w = p.w ? p.w[i] : 1.0f;
-    y[i] =
-        bf16 ? (p.w ? round_bf16_dev(round_bf16_dev(x[i] * r) * w) : round_bf16_dev(x[i] * r)) : x[i] * r * w;
+    y[i] = rms_norm_out(x[i], r, w, p.w, bf16);
   }
 }
 
@@ -77,10 +76,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kClusterThrea
   const float r = 1.0f / sqrtf(ss / float(p.d) + p.eps);
   if (live) {
     const bool bf16 = p.precision == Precision::bf16;
-    const auto norm = [&](float xk, float wk) {
-      return bf16 ? (p.w ? round_bf16_dev(round_bf16_dev(xk * r) * wk) : round_bf16_dev(xk * r))
-                  : xk * r * wk;
-    };
+    const auto norm = [&](float xk, float wk) { return rms_norm_out(xk, r, wk, p.w, bf16); };
     *reinterpret_cast<float4*>(p.y + t * ldy + i) =
         make_float4(norm(x.x, w.x), norm(x.y, w.y), norm(x.z, w.z), norm(x.w, w.w));
   }
