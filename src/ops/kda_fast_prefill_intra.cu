@@ -129,8 +129,8 @@ __device__ __forceinline__ void write_t_w(const float* T, const float* Bk, uint3
   }
 }
 
-// One 8-column tile of block row a from its two MMA halves: L's (strictly below the diagonal, times beta) to L,
-// A's (on and below the diagonal) to the scratch as bf16 A fragments. Both versions' al_tiles end here.
+// One 8-column tile of block row a from its two MMA halves: L's (strictly below the diagonal, times beta) to
+// L, A's (on and below the diagonal) to the scratch as fp16 A fragments. Both versions' al_tiles end here.
 __device__ __forceinline__ void al_tile_out(float (&acc)[4], const float (&acc2)[4], int a, int j0, bool is_l,
                                             const float* beta, float* L, uint32_t* scr) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
