@@ -16,7 +16,7 @@ namespace {
 
 __global__ void round_bf16_kernel(float* x, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+  if (i < n) x[i] = round_bf16_dev(x[i]);
 }
 
 __global__ void f32_to_bf16_kernel(uint16_t* y, const float* x, int64_t n) {
@@ -65,17 +65,25 @@ void GpuCtx::rnd(float* x, int64_t n) const {
   round_bf16_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x, n);
 }
 
+namespace {
+
+// Device x (bytes) -> host dst for the trace named `name`, on c's stream; a failure goes to c.guard.
+bool trace_copy(const GpuCtx& c, const char* name, void* dst, const void* x, size_t bytes) {
+  cudaError_t e = cudaMemcpyAsync(dst, x, bytes, cudaMemcpyDeviceToHost, c.stream());
+  if (e == cudaSuccess) e = cudaStreamSynchronize(c.stream());
+  if (e == cudaSuccess) return true;
+  if (c.guard && c.guard->ok())
+    *c.guard = error(Code::internal, std::string("trace copy of '") + name + "': " + cudaGetErrorString(e));
+  return false;
+}
+
+}  // namespace
+
 void GpuCtx::cb_sets(const char* name, int layer, const int32_t* x, int64_t n_row, int64_t k) const {
   const int64_t n = n_row * k;
   if (!tracing() || n <= 0) return;
   std::vector<int32_t> v(static_cast<size_t>(n));
-  cudaError_t e = cudaMemcpyAsync(v.data(), x, size_t(n) * 4, cudaMemcpyDeviceToHost, stream());
-  if (e == cudaSuccess) e = cudaStreamSynchronize(stream());
-  if (e != cudaSuccess) {
-    if (guard && guard->ok())
-      *guard = error(Code::internal, std::string("trace copy of '") + name + "': " + cudaGetErrorString(e));
-    return;
-  }
+  if (!trace_copy(*this, name, v.data(), x, size_t(n) * 4)) return;
   for (int64_t r = 0; r < n_row; ++r) std::sort(v.begin() + r * k, v.begin() + (r + 1) * k);
   host->assign(v.begin(), v.end());
   (*trace)(name, layer, host->data(), n);
@@ -90,13 +98,7 @@ void GpuCtx::cb(const char* name, int layer, const float* x, int64_t n) const {
 #endif
   if ((!tracing && !check) || n <= 0) return;
   host->resize(size_t(n));
-  cudaError_t e = cudaMemcpyAsync(host->data(), x, size_t(n) * 4, cudaMemcpyDeviceToHost, stream());
-  if (e == cudaSuccess) e = cudaStreamSynchronize(stream());
-  if (e != cudaSuccess) {
-    if (guard && guard->ok())
-      *guard = error(Code::internal, std::string("trace copy of '") + name + "': " + cudaGetErrorString(e));
-    return;
-  }
+  if (!trace_copy(*this, name, host->data(), x, size_t(n) * 4)) return;
   if (tracing) (*trace)(name, layer, host->data(), n);
   if (check) {
     for (int64_t i = 0; i < n; ++i)
