@@ -4,7 +4,8 @@
 //       8 weights at a time (16 bytes bf16 / f16, 8 fp8, 4 MXFP4; 4 f32 in 16 bytes) and the matching
 //       32 bytes of x per token; per load a partial sum (MXFP4: partial * 2^(e-127), exact like the CPU's
 //       per-group scaling); rows not aligned to the load width take a scalar loop. x is L1/L2 resident.
-//       One CTA per group of 1 or 4 rows (gemv_launch), the CTA's threads splitting the row.
+//       One resident wave of CTAs, each taking groups of 1 or 4 rows in turn (gemv_launch), the CTA's
+//       threads splitting the row; linear_group_cuda stacks several weights of one x into one launch.
 //   n_tok > 8 (prefill), cuBLAS GemmEx, column-major view: y^T [out, n_tok] = W [in, out]^T x^T [in, n_tok]:
 //       bf16 mode (x bf16-exact) with bf16 / fp8 / MXFP4 weights: x -> bf16 copy, W -> bf16 tile (fp8 and
 //           e2m1 * 2^(e-127) are exact in bf16), bf16 x bf16 -> fp32 with CUBLAS_COMPUTE_32F;
