@@ -1,22 +1,25 @@
 // kda_fast_gpu.cu: the KDA token mixer on the fast bf16 kernels (ops/kda_fast.h), bf16 mode, K = V = 128,
-// conv width 4. OPT-IN (K3_KDA_FAST=1, read when a sequence state is made): compiles, NOT YET RUN ON A GPU
-// (tests/cpp/test_gpu_kda_fast.cpp is what the next device call must pass); the default is kda_gpu.cu. The
-// same equations, rounding points and trace names as kda_gpu.cu's generic path (model/kda.cpp, MODEL.md §4).
-// The conv window is kept in bf16 (KdaStateGpu::conv16): exact, since the pre-conv rows q~, k~, v~ are a bf16
-// rounding point.
+// conv width 4: the default there since session 8 (K3_KDA_FAST=0 turns it off, read when a sequence state is
+// made; kda_gpu.cu is the generic path). The same equations, rounding points and trace names as kda_gpu.cu's
+// generic path (model/kda.cpp, MODEL.md §4). The conv window is kept in bf16 (KdaStateGpu::conv16): exact,
+// since the pre-conv rows q~, k~, v~ are a bf16 rounding point.
 //
 //   projections (linear, bf16 rounding point) for every row, then per sequence:
 //   1 token   kda_decode_fast_cuda, all such sequences in one launch: conv + SiLU + roll, l2norm, gate, beta,
-//             the recurrence step in place on S, o = bf16(S^T q), the gated RMSNorm -> y rows
-//   n tokens  conv over [bf16 window | rows] + roll, l2norm, beta = sigmoid, gate; then kda_prefill_fast_cuda
-//             on bf16 q^, k^, v, g (needs the lower-bounded gate g >= -5, K3 / K3.1) or the generic exact
-//             recurrence (KL's unbounded gate); o -> gated RMSNorm -> y rows
+//             the recurrence step in place on S, o = bf16(S^T q), the gated RMSNorm -> y rows (fp32 inside,
+//             no rounding point the CPU does not have)
+//   n tokens  conv over [bf16 window | rows] + roll, l2norm, beta = sigmoid, gate; then the generic exact
+//             chunked recurrence on fp32 q^, k^, v, g, or with K3_KDA_FAST_PREFILL=1 kda_prefill_fast_cuda on
+//             bf16 q^, k^, v, g (needs the lower-bounded gate g >= -5, K3 / K3.1; not the CPU's rounding
+//             points: q^, k^ and g are fp32 there, so the state differs by ~1e-3 rel-RMS, docs/kda_cuda.md);
+//             o -> gated RMSNorm -> y rows
 //   out = o_proj y
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "core/env.h"
 #include "gpu/blocks_gpu.cuh"
 #include "ops/kda.h"
 #include "ops/kda_fast.h"
@@ -157,7 +160,8 @@ Status kda_forward_fast_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWe
   const bool tracing = true;  // debug builds check every traced array for NaN/Inf: all rows must be written
 #endif
   const bool lb_form = cfg.kda.has_gate_lower_bound;
-  const bool fast_prefill = lb_form && cfg.kda.gate_lower_bound >= -5.f && !ex.recurrent;
+  const bool fast_prefill = env_switch("K3_KDA_FAST_PREFILL", false) && lb_form &&
+                            cfg.kda.gate_lower_bound >= -5.f && !ex.recurrent;
   DevBuf qt, kt, vt, q, k, v, bt, g, o, y, gate;
   for (DevBuf* b : {&qt, &kt, &vt, &q, &k, &v, &g, &o, &y, &gate})
     K3_RETURN_IF_ERROR(b->alloc(c, n_tok * HK));

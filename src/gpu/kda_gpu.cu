@@ -6,9 +6,9 @@
 //   g = -exp(A_log) softplus(f_b f_a x + dt_bias) (KL)  |  lb sigmoid(exp(A_log)(f_b f_a x + dt_bias)) (K3)
 //   o = KDA(q^, k^, v, g, beta; S)                    ops/kda.h (chunkwise for prefill, recurrent for 1
 //   token) y_h = o_h rsqrt(mean(o_h^2) + eps) w_onorm sigmoid(gate_h);  out = o_proj y
-// This file is the generic exact path (fp32 mode, any head size) and the default; with K3_KDA_FAST=1, bf16 mode
-// with K = V = 128 and conv width 4 runs kda_fast_gpu.cu (the fused decode and chunked prefill kernels of
-// ops/kda_fast.h; not yet run on a GPU).
+// This file is the generic exact path (fp32 mode, any head size, or K3_KDA_FAST=0); bf16 mode with K = V =
+// 128 and conv width 4 runs kda_fast_gpu.cu (the fused decode kernel of ops/kda_fast.h; its prefill kernel is
+// opt-in there).
 #include <cmath>
 
 #include "gpu/blocks_gpu.cuh"
@@ -126,7 +126,7 @@ Status kda_project_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeights
 Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeightsGpu& w, const KdaExec& ex,
                        std::span<const KdaSeqGpu> seqs, const float* x, int64_t n_tok, float* out,
                        int layer) {
-  if (!seqs.empty() && seqs[0].st->conv16)  // K3_KDA_FAST=1, bf16, K = V = 128, W = 4 (state_gpu.cu decides)
+  if (!seqs.empty() && seqs[0].st->conv16)  // bf16, K = V = 128, W = 4 (state_gpu.cu decides)
     return kda_forward_fast_gpu(c, cfg, w, ex, seqs, x, n_tok, out, layer);
   const int64_t H = cfg.kda.n_head, K = cfg.kda.d_head, HK = H * K;
   const int W = cfg.kda.conv_size;

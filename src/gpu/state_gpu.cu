@@ -2,8 +2,7 @@
 //
 //   KDA layers: S [H, K, V] and the conv window [3, W-1, H*K], all layers in one allocation, zeroed at start;
 //               the window is bf16 (conv16) when the fast kernels run (bf16 mode, K = V = 128, W = 4; exact,
-//               as the pre-conv rows are a bf16 rounding point), fp32 otherwise. Opt-in: K3_KDA_FAST=1 (the
-//               fast path has not yet run on a GPU).
+//               as the pre-conv rows are a bf16 rounding point), fp32 otherwise (or with K3_KDA_FAST=0).
 //   MLA layers: latent rows [cap, d_latent] (+ DSA index keys [cap, Di]), grown by doubling before a call;
 //               in bf16 mode with d_latent = 576 also a bf16 copy of the latent rows (exact: they are bf16
 //               values there), which the tensor-core MLA kernels read (mla_gpu.cu)
@@ -39,10 +38,11 @@ int64_t n_kda_layers(const ModelConfig& c) {
 int64_t index_width(const ModelConfig& c, int layer) {
   return c.layer_attn[size_t(layer)] == AttnKind::dsa ? c.dsa.d_head : 0;
 }
-// The fast KDA kernels (ops/kda_fast.h) serve bf16 mode with K = V = 128 and a conv of width 4. Opt-in
-// (K3_KDA_FAST=1) until the path has run on a GPU: src/gpu/kda_fast_gpu.cu compiles but is not yet validated.
+// The fast KDA kernels (ops/kda_fast.h) serve bf16 mode with K = V = 128 and a conv of width 4, the default
+// there (K3_KDA_FAST=0: the generic path); src/gpu/kda_fast_gpu.cu.
 bool kda_fast(const ModelConfig& c, Precision p) {
-  return p == Precision::bf16 && c.kda.d_head == 128 && c.kda.conv_size == 4 && env_switch("K3_KDA_FAST", false);
+  return p == Precision::bf16 && c.kda.d_head == 128 && c.kda.conv_size == 4 &&
+         env_switch("K3_KDA_FAST", true);
 }
 // Bytes of one KDA layer's state: S, then the window (bf16 or fp32), rounded up to 256.
 int64_t kda_layer_bytes(const ModelConfig& c, bool fast) {

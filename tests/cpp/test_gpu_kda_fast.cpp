@@ -4,9 +4,10 @@
 // memory: tiny-k3 / tiny-kl with the KDA head size set to 128, every other tensor the checkpoint's own, the
 // KDA tensors drawn as scripts/make_tiny_checkpoints.py draws them. Then, on the GPU in bf16 mode:
 //   - layer by layer against the CPU at the same rounding points (GpuModel::set_layer_inputs): every named
-//     intermediate NMSE <= 1e-4, for a prefill (chunked fast kernel on K3, generic on KL's unbounded gate)
-//     and then decode steps (the fused decode kernel);
-//   - one-shot prefill, chunked prefill and token-by-token decode give the same logits;
+//     intermediate NMSE <= 1e-4, for a prefill (the generic exact recurrence) and then decode steps (the
+//     fused decode kernel);
+//   - one-shot prefill, chunked prefill and token-by-token decode give the same logits, also with the
+//     opt-in fast prefill kernel (K3_KDA_FAST_PREFILL=1: bf16 q^, k^, g, not the CPU's rounding points);
 //   - a batch mixing decode and prefill sequences = each alone; a state moved to the CPU and back.
 // Without a CUDA device every GPU test skips. Their first GPU run (session 4) stopped at an empty gate
 // projection the test itself had drawn (a 0 in the expected shape); WideKdaCheckpoint.* now checks the
@@ -69,12 +70,13 @@ TEST(WideKdaCheckpoint, OnlyKdaTensorsAreNewAndCpuRuns) {
   }
 }
 
-// The fast path is opt-in (K3_KDA_FAST=1, read when a GPU sequence state is made): on the K3 slice its output
-// flips an expert choice in one layer (docs/perf.md, session 4).
+// The fast path is the default where it applies (K3_KDA_FAST=0 turns it off, read when a GPU sequence state
+// is made); set here so that an environment which turned it off does not turn these tests into the generic
+// path's.
 class GpuKdaFast : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override { setenv("K3_KDA_FAST", "1", 1); }
-  void TearDown() override { unsetenv("K3_KDA_FAST"); }
+  void TearDown() override { unsetenv("K3_KDA_FAST"), unsetenv("K3_KDA_FAST_PREFILL"); }
 };
 
 // Layer by layer (each GPU layer fed the CPU's input): every named intermediate NMSE <= 1e-4, for a
@@ -93,11 +95,11 @@ TEST_P(GpuKdaFast, Bf16EveryIntermediateMatchesCpu) {
       /*max_flips=*/4));
 }
 
-
-// One shot = chunks of 7 = token by token. bf16 end to end: the paths round differently inside the recurrence
-// and the flips compound over the layers (a flipped MoE route moves a whole token: the GPU-vs-CPU bf16 logits
-// of tiny-k3 differ by 1.3e-2 in session 2), so the bound is test_gpu_model's 5e-2; the strict check of the
-// state and window hand-off between calls is the layer-by-layer test above (decode steps after a prefill).
+// One shot = chunks of 7 = token by token, with the generic prefill (default) and the fast prefill kernel
+// (K3_KDA_FAST_PREFILL=1). bf16 end to end: the paths round differently inside the recurrence and the flips
+// compound over the layers (a flipped MoE route moves a whole token: the GPU-vs-CPU bf16 logits of tiny-k3
+// differ by 1.3e-2 in session 2), so the bound is test_gpu_model's 5e-2; the strict check of the state and
+// window hand-off between calls is the layer-by-layer test above (decode steps after a prefill).
 TEST_P(GpuKdaFast, PrefillChunkedDecodeAgree) {
   SKIP_WITHOUT_GPU();
   auto ck = wide_kda(GetParam());
@@ -107,12 +109,17 @@ TEST_P(GpuKdaFast, PrefillChunkedDecodeAgree) {
   auto gpu = gpu::GpuModel::load(*ck, opt);
   ASSERT_TRUE(gpu.ok()) << gpu.status().message();
   const auto tok = random_tokens(40, ck->config().n_vocab, 5);
-  const auto one = run_gpu(**gpu, tok, 40), chunked = run_gpu(**gpu, tok, 7), dec = run_gpu(**gpu, tok, 1);
-  const double e_chunk = nmse(chunked, one), e_dec = nmse(dec, one);
-  std::printf("[ %s wide-KDA bf16 logits NMSE vs one shot: chunks of 7 %.3g, token by token %.3g ]\n",
-              GetParam(), e_chunk, e_dec);
-  EXPECT_LE(e_chunk, 5e-2);
-  EXPECT_LE(e_dec, 5e-2);
+  for (const char* fast_prefill : {"0", "1"}) {
+    setenv("K3_KDA_FAST_PREFILL", fast_prefill, 1);
+    const auto one = run_gpu(**gpu, tok, 40), chunked = run_gpu(**gpu, tok, 7), dec = run_gpu(**gpu, tok, 1);
+    const double e_chunk = nmse(chunked, one), e_dec = nmse(dec, one);
+    std::printf(
+        "[ %s wide-KDA bf16, K3_KDA_FAST_PREFILL=%s: logits NMSE vs one shot: chunks of 7 %.3g, token "
+        "by token %.3g ]\n",
+        GetParam(), fast_prefill, e_chunk, e_dec);
+    EXPECT_LE(e_chunk, 5e-2) << "K3_KDA_FAST_PREFILL=" << fast_prefill;
+    EXPECT_LE(e_dec, 5e-2) << "K3_KDA_FAST_PREFILL=" << fast_prefill;
+  }
 }
 
 // A batch mixing decoding and prefilling sequences = each alone (bound as above: GEMM vs GEMV summation
