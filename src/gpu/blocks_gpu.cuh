@@ -51,9 +51,10 @@ Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsG
                       const float* x, int64_t n_past, int64_t n_tok, MlaStateGpu* st, DevBuf* sel,
                       bool* sparse, int layer);
 
-// GLU MLP: out [n_tok, d_in] = down(act(gate x, up x)).
+// GLU MLP: out [n_tok, d_in] = down(act(gate x, up x)). gu: scratch [2, n_tok, d_ff] (nullptr: allocated
+// here; a caller running this on a side stream passes its own, see fork_side).
 Status ffn_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const FfnWeights& w, const float* x,
-                       int64_t n_tok, float* out);
+                       int64_t n_tok, float* out, float* gu = nullptr);
 
 Status moe_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MoeWeightsGpu& w, const float* x,
                        int64_t n_tok, float* out, int layer);

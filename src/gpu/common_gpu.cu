@@ -60,6 +60,23 @@ Status launch_status(const char* where) {
   return error(Code::internal, std::string(where) + ": CUDA error: " + cudaGetErrorString(e));
 }
 
+Status fork_side(const GpuCtx& c, GpuCtx* out) {
+  K3_ASSERT(c.side && c.side->g);
+  K3_CUDA_CHECK(cudaEventRecord(c.side->fork, c.stream()));
+  K3_CUDA_CHECK(cudaStreamWaitEvent(c.side->g->stream, c.side->fork, 0));
+  *out = c;
+  out->g = c.side->g;
+  out->side = nullptr;
+  return ok_status();
+}
+
+Status join_side(const GpuCtx& c) {
+  K3_ASSERT(c.side && c.side->g);
+  K3_CUDA_CHECK(cudaEventRecord(c.side->join, c.side->g->stream));
+  K3_CUDA_CHECK(cudaStreamWaitEvent(c.stream(), c.side->join, 0));
+  return ok_status();
+}
+
 void GpuCtx::rnd(float* x, int64_t n) const {
   if (!bf16() || n <= 0) return;
   round_bf16_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x, n);

@@ -40,6 +40,13 @@ inline unsigned blocks_for(int64_t n, int threads = kThreads) {
 
 using cuda_ops::round_bf16_dev;  // bf16 round-to-nearest-even kept in fp32 (ops/cuda_util.cuh)
 
+// A second stream for work that may run beside the main one (the shared experts beside the routed ones), with
+// the two events of a fork and a join (a pattern CUDA graphs capture as edges).
+struct SideStream {
+  GpuContext* g = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+};
+
 struct GpuCtx {
   Precision prec = Precision::fp32;
   GpuContext* g = nullptr;
@@ -47,6 +54,7 @@ struct GpuCtx {
   Status* guard = nullptr;             // first non-finite traced activation (debug builds)
   std::vector<float>* host = nullptr;  // staging buffer for cb
   DeviceArena* arena = nullptr;        // set: DevBuf scratch comes from here (model_gpu.cu graph steps)
+  const SideStream* side = nullptr;    // set: fork_side may put work beside the main stream
 
   bool bf16() const { return prec == Precision::bf16; }
   bool tracing() const { return trace && *trace; }
@@ -119,5 +127,12 @@ void copy_rows(const GpuCtx& c, float* dst, int64_t ld_dst, const float* src, in
 // dst[i, :] = src[rows[i], :] for i < n (rows: device int64 array).
 void gather_rows(const GpuCtx& c, float* dst, const float* src, const int64_t* rows, int64_t n, int64_t d);
 Status launch_status(const char* where);  // cudaGetLastError as a Status
+
+// Work beside the main stream: *out becomes c on the side stream, which first waits for everything enqueued
+// on c.stream() so far; join_side makes c.stream() wait for everything enqueued on the side since. Scratch
+// the side work uses must be allocated before the fork and released after the join (DevBuf frees in host
+// order, and an arena reuses addresses at once). c.side must be set.
+Status fork_side(const GpuCtx& c, GpuCtx* out);
+Status join_side(const GpuCtx& c);
 
 }  // namespace k3::gpu

@@ -8,22 +8,26 @@
 namespace k3::gpu {
 
 Status ffn_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const FfnWeights& w, const float* x,
-                       int64_t n_tok, float* out) {
+                       int64_t n_tok, float* out, float* gu) {
   if (n_tok <= 0) return ok_status();
   const int64_t d_ff = w.gate_proj.out;
-  DevBuf g, u;
-  K3_RETURN_IF_ERROR(g.alloc(c, n_tok * d_ff));
-  K3_RETURN_IF_ERROR(u.alloc(c, n_tok * d_ff));
-  linear_group(c, {{&w.gate_proj, g.f()}, {&w.up_proj, u.f()}}, x, n_tok);
+  DevBuf g_buf, u_buf;
+  float *g = gu, *u = gu ? gu + n_tok * d_ff : nullptr;
+  if (!gu) {
+    K3_RETURN_IF_ERROR(g_buf.alloc(c, n_tok * d_ff));
+    K3_RETURN_IF_ERROR(u_buf.alloc(c, n_tok * d_ff));
+    g = g_buf.f(), u = u_buf.f();
+  }
+  linear_group(c, {{&w.gate_proj, g}, {&w.up_proj, u}}, x, n_tok);
   GluParams p;
   p.kind = cfg.act == Activation::silu ? GluKind::silu : GluKind::situ;
   p.n_tok = n_tok, p.d = d_ff;
-  p.g = g.f(), p.u = u.f(), p.h = g.f();
+  p.g = g, p.u = u, p.h = g;
   p.beta1 = cfg.situ_beta;
   p.beta2 = cfg.has_situ_linear_beta ? cfg.situ_linear_beta : 0.f;
   p.precision = c.prec;
   glu_cuda(p, *c.g);
-  linear(c, w.down_proj, g.f(), n_tok, out);
+  linear(c, w.down_proj, g, n_tok, out);
   return launch_status("ffn");
 }
 

@@ -84,6 +84,18 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const Checkpoint& ckpt, const M
   co.device = device;
   co.allow_tf32 = false;
   K3_RETURN_IF_ERROR(m->impl_->ctx.create(co));
+  // K3_MOE_OVERLAP (default on): the shared experts of a MoE layer run on a second stream beside the routed
+  // path (moe_gpu.cu). Both streams at the same priority: with the side stream below the main one, the K3
+  // slice's B = 1 step took 2.78 ms instead of 2.70 (session 9, docs/perf.md).
+  if (env_switch("K3_MOE_OVERLAP", true) && ckpt.config().moe.n_shared_expert > 0) {
+    Impl& im = *m->impl_;
+    ContextOptions so = co;
+    so.workspace_bytes = size_t(64) << 20;
+    K3_RETURN_IF_ERROR(im.side_ctx.create(so));
+    K3_CUDA_CHECK(cudaEventCreateWithFlags(&im.side.fork, cudaEventDisableTiming));
+    K3_CUDA_CHECK(cudaEventCreateWithFlags(&im.side.join, cudaEventDisableTiming));
+    im.side.g = &im.side_ctx.get();
+  }
   K3_ASSIGN_OR_RETURN(auto host_w, bind_model(ckpt));
   K3_ASSIGN_OR_RETURN(m->impl_->w, upload_model(*host_w, ckpt.config(), m->impl_->ctx.get()));
   return Result<std::unique_ptr<GpuModel>>(std::move(m));
@@ -100,11 +112,7 @@ Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens
         states[size_t(i)]->reserve(states[size_t(i)]->n_past_ + row0[size_t(i) + 1] - row0[size_t(i)]));
   Status guard;
   GpuCtx c;
-  c.prec = opt_.precision;
-  c.g = &impl_->ctx.get();
-  c.trace = &opt_.trace;
-  c.guard = &guard;
-  c.host = &impl_->host;
+  init_ctx(&c, &guard);
   KdaExec kx;
   kx.recurrent = opt_.kda_recurrent;
   kx.chunk = opt_.kda_chunk;

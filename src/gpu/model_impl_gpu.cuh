@@ -18,6 +18,10 @@ constexpr int kNumBuckets = int(sizeof kBuckets / sizeof kBuckets[0]);
 
 struct GpuModel::Impl {
   ContextOwner ctx;
+  // The shared experts' stream beside ctx's (K3_MOE_OVERLAP, model_gpu.cu load): its own cuBLAS handles and
+  // workspace, so any op may run there.
+  ContextOwner side_ctx;
+  SideStream side;  // side.g == nullptr: no side stream
   std::unique_ptr<ModelWeightsGpu> w;
   std::vector<float> host;  // trace staging
   // CUDA-graph decode steps (run_graph_step)
@@ -32,6 +36,8 @@ struct GpuModel::Impl {
   GpuGraphStats stats;
   ~Impl() {
     cudaFreeHost(tok_h), cudaFreeHost(rows_h), cudaFreeHost(z_h);
+    if (side.fork) cudaEventDestroy(side.fork);
+    if (side.join) cudaEventDestroy(side.join);
   }
 };
 

@@ -146,6 +146,7 @@ void GpuModel::init_ctx(GpuCtx* c, Status* guard) {
   c->trace = &opt_.trace;
   c->guard = guard;
   c->host = &impl_->host;
+  c->side = impl_->side.g ? &impl_->side : nullptr;
 }
 
 Status GpuModel::run_pieces(std::span<GpuSeqState* const> states, const int32_t* tokens,

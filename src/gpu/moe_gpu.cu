@@ -135,21 +135,31 @@ Status moe_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MoeWeights
   const MoeConfig& m = cfg.moe;
   if (c.bf16() && m.d_latent > 0 && w.expert_table && n_tok > 0) {  // expert_table: unless K3_MOE_FAST=0
     const int64_t D = cfg.d_model, dz = m.d_latent;
-    DevBuf y, routed;
+    // The shared experts read only x: with a side stream they run beside the routed path, whose small
+    // kernels and latency-bound expert kernels leave memory bandwidth unused (their scratch is taken first).
+    const bool shared = m.n_shared_expert > 0, beside = shared && c.side;
+    DevBuf gu, y, routed;
+    if (beside) {
+      K3_RETURN_IF_ERROR(gu.alloc(c, 2 * n_tok * w.shared.gate_proj.out));
+      GpuCtx cs;
+      K3_RETURN_IF_ERROR(fork_side(c, &cs));
+      K3_RETURN_IF_ERROR(ffn_forward_gpu(cs, cfg, w.shared, x, n_tok, out, gu.f()));
+    }
     K3_RETURN_IF_ERROR(y.alloc(c, n_tok * dz));
     K3_RETURN_IF_ERROR(routed_fused(c, cfg, w, x, n_tok, y.f(), layer));
     if (m.latent_norm) rms_norm(c, y.f(), w.latent_norm, cfg.rms_norm_eps, n_tok, dz, y.f());
     K3_RETURN_IF_ERROR(routed.alloc(c, n_tok * D));
     linear(c, w.latent_up, y.f(), n_tok, routed.f());
     c.cb("moe_routed", layer, routed.f(), n_tok * D);
-    if (m.n_shared_expert > 0) {
+    if (beside) {
+      K3_RETURN_IF_ERROR(join_side(c));
+    } else if (shared) {
       K3_RETURN_IF_ERROR(ffn_forward_gpu(c, cfg, w.shared, x, n_tok, out));
-      c.cb("moe_shared", layer, out, n_tok * D);
     } else {
-      cudaMemsetAsync(out, 0, size_t(n_tok * D) * 4, c.stream());
+      K3_CUDA_CHECK(cudaMemsetAsync(out, 0, size_t(n_tok * D) * 4, c.stream()));
     }
-    add_inplace(c, out, routed.f(), n_tok * D);
-    c.rnd(out, n_tok * D);
+    if (shared) c.cb("moe_shared", layer, out, n_tok * D);
+    add_inplace(c, out, routed.f(), n_tok * D, /*round=*/true);
     return launch_status("moe layer");
   }
   const int64_t D = cfg.d_model, E = m.n_expert, k = m.n_expert_used;
@@ -224,10 +234,9 @@ Status moe_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MoeWeights
     K3_RETURN_IF_ERROR(ffn_forward_gpu(c, cfg, w.shared, x, n_tok, out));
     c.cb("moe_shared", layer, out, n_tok * D);
   } else {
-    cudaMemsetAsync(out, 0, size_t(n_tok * D) * 4, c.stream());
+    K3_CUDA_CHECK(cudaMemsetAsync(out, 0, size_t(n_tok * D) * 4, c.stream()));
   }
-  add_inplace(c, out, routed_p, n_tok * D);
-  c.rnd(out, n_tok * D);
+  add_inplace(c, out, routed_p, n_tok * D, /*round=*/true);
   return launch_status("moe layer");
 }
 
