@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <tuple>
 
 #include "bench_slice.h"
 #include "gpu/model_gpu.h"
@@ -46,47 +47,59 @@ int check(Out& out, const std::string& name, const Checkpoint& ck, gpu::GpuModel
               t_cpu, now_s() - t, e32);
   out.line(name, "check fp32 logits NMSE gpu vs cpu (8 tokens)", e32, "nmse", nullptr, 0, 1e-6);
   rc |= !(e32 <= 1e-6);
-  // bf16: every named intermediate, each GPU layer fed the CPU's input
+  // bf16: every named intermediate, each GPU layer fed the CPU's input: the prompt, then one decode step
+  // on the states it left (the decode kernels: the fused KDA step, absorbed MLA)
   Trace ct, gt;
   o.precision = Precision::bf16;
   o.trace = [&ct](const char* n, int l, const float* x, int64_t k) { ct[{n, l}].assign(x, x + k); };
   auto cpub = Model::load(ck, o);
   if (!cpub.ok()) return 1;
   auto cs2 = cpub.value()->new_state();
-  s = cpub.value()->forward(*cs2, kPrompt.data(), T, &lc, true);
   gm.set_precision(Precision::bf16);
-  gm.set_trace([&gt](const char* n, int l, const float* x, int64_t k) { gt[{n, l}].assign(x, x + k); });
+  auto gs2 = gm.new_state();
+  if (!cs2 || !gs2.ok()) return 1;
   gm.set_layer_inputs([&ct](int l, int64_t n) -> const float* {
     auto it = ct.find({"l_out", l});
     return it != ct.end() && int64_t(it->second.size()) == n ? it->second.data() : nullptr;
   });
-  auto gs2 = gm.new_state();
-  if (s.ok() && gs2.ok()) s = gm.forward(*gs2.value(), kPrompt.data(), T, &lg, true);
-  gm.set_trace(nullptr);
-  gm.set_layer_inputs(nullptr);
-  if (!s.ok()) return std::printf("%s: check bf16: %s\n", name.c_str(), s.message().c_str()), 1;
-  double worst = 0;
-  std::string worst_at;
-  int n_cmp = 0, n_bad = 0;
-  for (const auto& [key, ref] : ct) {
-    auto it = gt.find(key);
-    if (it == gt.end() || it->second.size() != ref.size()) {
-      std::printf("  %s layer %d: %s\n", key.first.c_str(), key.second,
-                  it == gt.end() ? "not traced on the GPU" : "size differs");
-      ++n_bad;
-      continue;
+  const int32_t next = 77;
+  for (const auto& [what, toks, n] :
+       {std::tuple{"prompt", kPrompt.data(), T}, std::tuple{"decode step", &next, int64_t(1)}}) {
+    ct.clear(), gt.clear();
+    s = cpub.value()->forward(*cs2, toks, n, &lc, true);
+    gm.set_trace([&gt](const char* nm, int l, const float* x, int64_t k) { gt[{nm, l}].assign(x, x + k); });
+    if (s.ok()) s = gm.forward(*gs2.value(), toks, n, &lg, true);
+    gm.set_trace(nullptr);
+    if (!s.ok()) {
+      gm.set_layer_inputs(nullptr);
+      return std::printf("%s: check bf16 (%s): %s\n", name.c_str(), what, s.message().c_str()), 1;
     }
-    const double e = nmse(it->second.data(), ref.data(), int64_t(ref.size()));
-    ++n_cmp;
-    if (e > 1e-4) ++n_bad, std::printf("  %s layer %d: NMSE %.3e > 1e-4\n", key.first.c_str(), key.second, e);
-    if (e > worst) worst = e, worst_at = key.first + " layer " + std::to_string(key.second);
+    double worst = 0;
+    std::string worst_at;
+    int n_cmp = 0, n_bad = 0;
+    for (const auto& [key, ref] : ct) {
+      auto it = gt.find(key);
+      if (it == gt.end() || it->second.size() != ref.size()) {
+        std::printf("  %s layer %d: %s\n", key.first.c_str(), key.second,
+                    it == gt.end() ? "not traced on the GPU" : "size differs");
+        ++n_bad;
+        continue;
+      }
+      const double e = nmse(it->second.data(), ref.data(), int64_t(ref.size()));
+      ++n_cmp;
+      if (e > 1e-4)
+        ++n_bad, std::printf("  %s layer %d: NMSE %.3e > 1e-4\n", key.first.c_str(), key.second, e);
+      if (e > worst) worst = e, worst_at = key.first + " layer " + std::to_string(key.second);
+    }
+    std::printf("%s bf16 %s: %d intermediates compared, %d over 1e-4 or missing, worst %.3e (%s)\n",
+                name.c_str(), what, n_cmp, n_bad, worst, worst_at.c_str());
+    out.line(name,
+             std::string("check bf16 worst intermediate NMSE gpu vs cpu (layer by layer, ") + what + ")",
+             worst, "nmse", nullptr, 0, 1e-4);
+    rc |= n_bad > 0;
   }
-  std::printf("%s bf16: %d intermediates compared, %d over 1e-4 or missing, worst %.3e (%s)\n", name.c_str(),
-              n_cmp, n_bad, worst, worst_at.c_str());
-  out.line(name, "check bf16 worst intermediate NMSE gpu vs cpu (layer by layer)", worst, "nmse", nullptr, 0,
-           1e-4);
-  gm.set_precision(Precision::bf16);
-  return rc | (n_bad > 0);
+  gm.set_layer_inputs(nullptr);
+  return rc;
 }
 
 struct Floor {

@@ -9,7 +9,8 @@
 #   5. fused: the fused AttnRes mix + RMSNorm (K3_ATTN_RES_NORM_FUSED=1, the default): every GPU test, then the
 #      K3 slice's GPU = CPU checks and decode timings at T = 4K with it and without it;
 #   6. envcmp: the K3 slice's decode timings at B = 1 / 64, T = 4K under each setting of ENVS (e.g.
-#      ENVS="K3_PDL=0 K3_PDL=1"), one after the other in the same call; ENVCHECK=1 adds the GPU = CPU checks;
+#      ENVS="K3_PDL=0 K3_PDL=1,K3_X=2"; a comma joins the settings of one run), one after the other in the
+#      same call; ENVCHECK=1 adds the GPU = CPU checks;
 #   7. ncu_step: Nsight Compute over one eager K3 decode step (bench_slice --profile-step) at B = 1 and 64,
 #      T = 4K: every kernel's time and DRAM bytes, summed by kernel (scripts/device/ncu_step.py).
 # Writes $OUT/validate/run.log, tests.log (the whole k3_tests output) and slice.jsonl.
@@ -100,7 +101,7 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
   if on envcmp; then
     for e in ${ENVS:-}; do
       echo "== bench_slice K3 B=1,64 T=4K, $e ($(el))"
-      env "$e" timeout 60 "$B/bench_slice" -m "$S/k3" $([ -n "${ENVCHECK:-}" ] || echo --no-check) --batches 1,64 --contexts 4096 \
+      env ${e//,/ } timeout 60 "$B/bench_slice" -m "$S/k3" $([ -n "${ENVCHECK:-}" ] || echo --no-check) --batches 1,64 --contexts 4096 \
         --budget-s 30 --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)+$e" 2>&1 |
         grep -E 'NMSE|over|B=|graphs'
     done
