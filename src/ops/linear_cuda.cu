@@ -144,7 +144,9 @@ __device__ __forceinline__ const GemvSeg& seg_of(const GemvArgs& a, int64_t o) {
 // i, i + kGemvThreads, ... of each of the R rows (R independent loads per step) and the matching x once for
 // all R rows. Partial sums: a warp sum, then the warps' partials in warp order (fixed order: the result of a
 // token does not depend on n_tok or on the grid). NT: the tokens the accumulators hold (1, or kGemvMaxTok
-// with n_tok <= NT at run time).
+// with n_tok <= NT at run time). Tried and dropped (session 9, H200): each group prefetching the CTA's next
+// group into L2 raised the K3 slice's GEMV DRAM bytes from 8.06 to 11.5 GB and its B = 1 step from 2.73 to
+// 3.52 ms.
 template <WK K, bool VEC, int R, int NT>
 __global__ void __launch_bounds__(kGemvThreads, NT == 1 && R == 1 ? 8 : 1)  // 1-row: 8 CTAs per SM
     gemv_kernel(const __grid_constant__ GemvArgs a) {
@@ -266,6 +268,51 @@ __global__ void __launch_bounds__(kGemvThreads, NT == 1 && R == 1 ? 8 : 1)  // 1
   }
 }
 
+// Short rows (at most 32 loads, e.g. KDA's f_b_proj [12288, 128]), where gemv_kernel's 256 threads per row
+// group would mostly idle through its two barriers per group: TPR lanes per row (16 or 32), one load each,
+// 256 / TPR rows per CTA, the row's sum by shuffles within its lanes (a fixed order: a token's result does
+// not depend on n_tok or the grid). The weights are loaded and decoded before pdl_wait.
+template <WK K, int TPR, int NT>
+__global__ void __launch_bounds__(kGemvThreads) gemv_short_kernel(const __grid_constant__ GemvArgs a) {
+  using T = typename Chunk<K>::T;
+  constexpr int E = Chunk<K>::E;
+  pdl_launch_dependents();
+  const int64_t o = int64_t(blockIdx.x) * (kGemvThreads / TPR) + threadIdx.x / TPR;
+  const int c = int(threadIdx.x % TPR);
+  const bool live = o < a.out && c < a.in / E;
+  const GemvSeg& s = seg_of(a, o < a.out ? o : a.out - 1);
+  const int64_t r = (o < a.out ? o : a.out - 1) - s.row0;
+  T raw{};
+  float sc = 1.f;
+  if (live) {
+    raw = __ldg(reinterpret_cast<const T*>(static_cast<const uint8_t*>(s.w) + r * a.row_bytes) + c);
+    if constexpr (K == WK::mxfp4) sc = e8m0(__ldg(s.scale + r * (a.in / 32) + c * E / 32));
+  }
+  float w[E];
+  decode_chunk<K>(raw, w);
+  pdl_wait();
+  const int n_tok = NT == 1 ? 1 : a.n_tok;
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = 0.f;
+    if (!live || t >= n_tok) continue;
+    const float* xt = a.x + t * a.ldx + int64_t(c) * E;
+    float p = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) p += w[e] * xt[e];
+    acc[t] = K == WK::mxfp4 ? p * sc : p;
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int off = TPR / 2; off > 0; off >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], off);
+  if (c == 0 && o < a.out)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+      if (t < n_tok) s.y[t * s.ldy + r] = s.round ? round_bf16_dev(acc[t]) : acc[t];
+}
+
 // dst[r, c] = W[r0 + r, c] for r < n_rows, as fp32 or bf16 (exact for the dtypes routed here).
 template <WK K, class T>
 __global__ void decode_rows_kernel(const void* w, const uint8_t* scale, int64_t in, int64_t r0,
@@ -334,6 +381,18 @@ int64_t gemv_slots() {
 template <WK K, bool VEC, int NT>
 void gemv_launch(const GemvArgs& a, GpuContext& g) {
   static const bool pdl = env_switch("K3_PDL", true);
+  constexpr int E = Chunk<K>::E;
+  if constexpr (VEC) {
+    if (a.in / E <= 32) {  // short rows: gemv_short_kernel
+      const int tpr = a.in / E <= 16 ? 16 : 32;
+      const unsigned grid = unsigned((a.out * tpr + kGemvThreads - 1) / kGemvThreads);
+      if (tpr == 16)
+        launch_pdl(pdl, gemv_short_kernel<K, 16, NT>, dim3(grid), dim3(kGemvThreads), g.stream, a);
+      else
+        launch_pdl(pdl, gemv_short_kernel<K, 32, NT>, dim3(grid), dim3(kGemvThreads), g.stream, a);
+      return;
+    }
+  }
   const int64_t slots4 = gemv_slots<K, VEC, 4, NT>(), groups4 = (a.out + 3) / 4;
   const int64_t rounds4 = (groups4 + slots4 - 1) / slots4;
   if (groups4 >= slots4 && rounds4 * slots4 * 25 <= groups4 * 26) {
