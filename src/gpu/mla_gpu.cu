@@ -5,7 +5,8 @@
 //   unabsorbed (prefill): [k_nope_h | v_h] = kv_b_proj c_s for every cached row, k_h = [k_nope_h | r_s]
 //   absorbed (decode):    q^_h = [W_UK_h^T q_nope_h | q_r_h], MQA over the 576-wide cache, z_h = W_UV_h z^_h
 //   z *= sigmoid(g_proj x) (output gate);  out = o_proj z.   S_t: causal, or the DSA selection (dsa_gpu.cu)
-// W_UK / W_UV are read from an fp32 copy of kv_b_proj (exact: bf16 -> fp32) with fp32 sums, as the CPU does.
+// W_UK / W_UV are read from kv_b_proj itself when it is bf16, else from an fp32 copy of it (exact), with fp32
+// sums, as the CPU does.
 //
 // Default in bf16 mode since session 4 (K3_MLA_FAST=0 in the environment: the generic kernels) with the
 // production head dims (kv_lora_rank 512, rope 64; nope 128, v 128), dense causal: the tensor-core kernels on
@@ -44,48 +45,68 @@ __global__ void build_k_kernel(float* K, const float* kvb, const float* latent, 
   K[i] = e < dn ? kvb[s * nh * wkv + int64_t(h) * wkv + e] : latent[s * dl + R + (e - dn)];
 }
 
-// qh[t, h, :] = [sum_a q_nope[t, h, a] W_UK[h, a, :] | q_r[t, h, :]]; W_UK[h, a, j] = kvb[h*wkv + a, j].
-__global__ void absorb_q_kernel(float* qh, const float* q, const float* kvb, int64_t n_tok, int nh, int dn,
-                                int dr, int R, int wkv) {
-  const int dqk = dn + dr, dl = R + dr;
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n_tok * nh * dl) return;
-  const int64_t t = i / (int64_t(nh) * dl);
-  const int h = int((i / dl) % nh), j = int(i % dl);
-  const float* qn = q + (t * nh + h) * dqk;
-  if (j >= R) {
-    qh[i] = qn[dn + (j - R)];
-    return;
+// W_UK / W_UV element i of kv_b_proj: from the bf16 weight itself, or from the fp32 copy other dtypes get.
+__device__ __forceinline__ float kvb_at(const float* w, int64_t i) {
+  return w[i];
+}
+__device__ __forceinline__ float kvb_at(const uint16_t* w, int64_t i) {
+  return __uint_as_float(uint32_t(w[i]) << 16);
+}
+
+// qh[t, h, :] = [sum_a q_nope[t, h, a] W_UK[h, a, :] | q_r[t, h, :]] (bf16-rounded when round), W_UK[h, a, j]
+// = kvb[h*wkv + a, j]. Block (h, 64 columns j), grid (nh, ceil(dl / 64)): thread (quarter qq = tid / 64,
+// column c) sums a over its quarter of [0, dn) (a warp's loads are one coalesced row segment, 8 in flight);
+// the four quarters add in order through shared memory. (A thread per output summing all dn: 22 us, 0.27 of
+// copy at batch 1, session 9's ncu.)
+template <class TW>
+__global__ void __launch_bounds__(256)
+    absorb_q_kernel(float* qh, const float* q, const TW* kvb, int64_t n_tok, int nh, int dn, int dr, int R,
+                    int wkv, bool round) {
+  __shared__ float part[4][64];
+  const int h = blockIdx.x, c = threadIdx.x % 64, qq = threadIdx.x / 64;
+  const int j = blockIdx.y * 64 + c, dqk = dn + dr, dl = R + dr;
+  const int a0 = qq * dn / 4, a1 = (qq + 1) * dn / 4;
+  const TW* Wuk = kvb + int64_t(h) * wkv * R + j;
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const float* qn = q + (t * nh + h) * dqk;
+    float acc = 0.f;
+    if (j < R) {
+#pragma unroll 8
+      for (int a = a0; a < a1; ++a) acc += qn[a] * kvb_at(Wuk, int64_t(a) * R);
+    }
+    part[qq][c] = acc;
+    __syncthreads();
+    if (qq == 0 && j < dl) {
+      const float v = j < R ? ((part[0][c] + part[1][c]) + part[2][c]) + part[3][c] : qn[dn + (j - R)];
+      qh[(t * nh + h) * dl + j] = round ? cuda_ops::round_bf16_dev(v) : v;
+    }
+    __syncthreads();
   }
-  const float* Wuk = kvb + int64_t(h) * wkv * R;
-  float acc = 0.f;
-#pragma unroll 16  // 16 loads of W in flight per thread (the sum stays in order)
-  for (int a = 0; a < dn; ++a) acc += qn[a] * Wuk[int64_t(a) * R + j];
-  qh[i] = acc;
 }
 
 // z[t, h, d] = sum_j W_UV[h, d, j] zh[t, h, j]; W_UV[h, d, j] = kvb[h*wkv + d_nope + d, j]. One warp per
 // (h, d) row, lanes over j (coalesced); the row's first kExpandRegs * 32 values stay in registers across the
 // tokens. (A thread per output read its 2 KB row alone: 0.08 of copy at batch 1, session 7's ncu.)
 constexpr int kExpandRegs = 16;  // 512 = kv_lora_rank of K3 / Kimi Linear
-__global__ void expand_z_kernel(float* z, const float* zh, const float* kvb, int64_t n_tok, int nh, int dn,
+template <class TW>
+__global__ void expand_z_kernel(float* z, const float* zh, const TW* kvb, int64_t n_tok, int nh, int dn,
                                 int dv, int R, int wkv) {
   k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;  // h * dv + d
   const int lane = threadIdx.x & 31;
   if (row >= int64_t(nh) * dv) return;
   const int h = int(row / dv), d = int(row % dv);
-  const float* Wuv = kvb + (int64_t(h) * wkv + dn + d) * R;
+  const TW* Wuv = kvb + (int64_t(h) * wkv + dn + d) * R;
   float w[kExpandRegs];
 #pragma unroll
-  for (int i = 0; i < kExpandRegs; ++i) w[i] = lane + 32 * i < R ? Wuv[lane + 32 * i] : 0.f;
+  for (int i = 0; i < kExpandRegs; ++i) w[i] = lane + 32 * i < R ? kvb_at(Wuv, lane + 32 * i) : 0.f;
   for (int64_t t = 0; t < n_tok; ++t) {
     const float* zt = zh + (t * nh + h) * R;
     float acc = 0.f;
 #pragma unroll
     for (int i = 0; i < kExpandRegs; ++i)
       if (lane + 32 * i < R) acc += w[i] * zt[lane + 32 * i];
-    for (int j = 32 * kExpandRegs + lane; j < R; j += 32) acc += Wuv[j] * zt[j];
+    for (int j = 32 * kExpandRegs + lane; j < R; j += 32) acc += kvb_at(Wuv, j) * zt[j];
     acc = cuda_ops::warp_sum(acc);
     if (lane == 0) z[(t * nh + h) * dv + d] = acc;
   }
@@ -239,6 +260,7 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
     K3_RETURN_IF_ERROR(zh.alloc(c, n_tok * nh * R));
   }
   const float scale = 1.f / std::sqrt(float(dqk));
+  const uint16_t* kvb16 = w.kv_b_f32 ? nullptr : static_cast<const uint16_t*>(w.kv_b_proj.w);  // W_UK, W_UV
   const bool fast = c.bf16() && env_switch("K3_MLA_FAST", true);  // read per call: tests switch it
   const bool fast_decode = fast && R == kMlaLatent && dr == kMlaRope;
   const bool fast_prefill = fast && dn == kMlaPrefillNope && dr == kMlaPrefillRope && dv == kMlaPrefillV;
@@ -251,8 +273,8 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
     MlaStateGpu& st = *s.st;
     const int64_t n_ctx = s.n_past + s.n_tok;
     K3_ASSERT(st.cap >= n_ctx);  // GpuSeqState::reserve ran before the layer loop
-    cudaMemcpyAsync(st.latent + s.n_past * dl, kv.f() + s.row0 * dl, size_t(s.n_tok * dl) * 4,
-                    cudaMemcpyDeviceToDevice, c.stream());
+    K3_CUDA_CHECK(cudaMemcpyAsync(st.latent + s.n_past * dl, kv.f() + s.row0 * dl, size_t(s.n_tok * dl) * 4,
+                                  cudaMemcpyDeviceToDevice, c.stream()));
     if (st.latent16)
       to_bf16_bits(c.stream(), kv.f() + s.row0 * dl, s.n_tok * dl, st.latent16 + s.n_past * dl);
     DevBuf sel;
@@ -292,9 +314,13 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
     // MQA over the latent rows: k = [c | r], v = c.
     float* qs = qh.f() + s.row0 * nh * dl;
     float* zs = zh.f() + s.row0 * nh * R;
-    absorb_q_kernel<<<blocks_for(s.n_tok * nh * dl, 128), 128, 0, c.stream()>>>(  // 432 CTAs at b1
-        qs, q.f() + s.row0 * nh * dqk, w.kv_b_f32, s.n_tok, nh, dn, dr, R, wkv);
-    c.rnd(qs, s.n_tok * nh * dl);  // bf16 mode: q^ in bf16 (model/mla.cpp)
+    const dim3 grid_q(unsigned(nh), unsigned((dl + 63) / 64));  // bf16 mode: q^ in bf16 (model/mla.cpp)
+    if (kvb16)
+      absorb_q_kernel<<<grid_q, 256, 0, c.stream()>>>(qs, q.f() + s.row0 * nh * dqk, kvb16, s.n_tok, nh, dn,
+                                                      dr, R, wkv, c.bf16());
+    else
+      absorb_q_kernel<<<grid_q, 256, 0, c.stream()>>>(qs, q.f() + s.row0 * nh * dqk, w.kv_b_f32, s.n_tok, nh,
+                                                      dn, dr, R, wkv, c.bf16());
     if (fast_decode && !sparse) {
       K3_RETURN_IF_ERROR(decode_fast(c, qs, st, s.n_tok, s.n_past, nh, scale, zs));
     } else if (sparse_mla && sparse) {
@@ -308,8 +334,12 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
       p.out = zs;
       attention_cuda(p, *c.g);
     }
-    expand_z_kernel<<<blocks_for(int64_t(nh) * dv * 32), kThreads, 0, c.stream()>>>(
-        z.f() + s.row0 * nh * dv, zs, w.kv_b_f32, s.n_tok, nh, dn, dv, R, wkv);
+    if (kvb16)
+      expand_z_kernel<<<blocks_for(int64_t(nh) * dv * 32), kThreads, 0, c.stream()>>>(
+          z.f() + s.row0 * nh * dv, zs, kvb16, s.n_tok, nh, dn, dv, R, wkv);
+    else
+      expand_z_kernel<<<blocks_for(int64_t(nh) * dv * 32), kThreads, 0, c.stream()>>>(
+          z.f() + s.row0 * nh * dv, zs, w.kv_b_f32, s.n_tok, nh, dn, dv, R, wkv);
   }
   c.rnd(z.f(), n_tok * nh * dv);
   c.cb("mla_z", layer, z.f(), n_tok * nh * dv);

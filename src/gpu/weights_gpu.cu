@@ -76,9 +76,11 @@ void walk_mla(Uploader& u, const MlaWeights& h, MlaWeightsGpu* d) {
   d->kv_a_proj_with_mqa = u.lin(h.kv_a_proj_with_mqa);
   d->kv_a_layernorm = u.vec(h.kv_a_layernorm);
   d->kv_b_proj = u.lin(h.kv_b_proj);
-  std::vector<float> kvb(size_t(h.kv_b->numel()));
-  read_f32(*h.kv_b, 0, h.kv_b->numel(), kvb.data());
-  d->kv_b_f32 = u.vec(kvb);
+  if (d->kv_b_proj.dtype != DType::bf16 || d->kv_b_proj.is_mxfp4()) {  // bf16: the kernels read it in place
+    std::vector<float> kvb(size_t(h.kv_b->numel()));
+    read_f32(*h.kv_b, 0, h.kv_b->numel(), kvb.data());
+    d->kv_b_f32 = u.vec(kvb);
+  }
   d->o_proj = u.lin(h.o_proj), d->g_proj = u.lin(h.g_proj);
   d->has_dsa = h.has_dsa;
   if (h.has_dsa) {

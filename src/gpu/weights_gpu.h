@@ -46,7 +46,7 @@ struct MlaWeightsGpu {
   LinearWeight kv_a_proj_with_mqa;          // [d_latent, D]
   const float* kv_a_layernorm = nullptr;    // [kv_lora_rank]
   LinearWeight kv_b_proj;                   // [n_head*(d_nope + d_v), kv_lora_rank]
-  const float* kv_b_f32 = nullptr;          // the same, fp32 (absorbed path: W_UK^T q and W_UV z^)
+  const float* kv_b_f32 = nullptr;          // unless kv_b_proj is bf16: the same, fp32 (absorbed path)
   LinearWeight o_proj, g_proj;              // [D, n_head*d_v], [n_head*d_v, D]
   bool has_dsa = false;
   DsaWeightsGpu dsa;
