@@ -264,17 +264,29 @@ Status GpuModel::forward_batch(std::span<GpuSeqState*> states,
     out_rows.push_back(int64_t(all.size()) - 1);
   }
   const int64_t V = cfg_.n_vocab;
-  std::vector<float> logits(out_rows.size() * size_t(V));
+  // Host buffers are reused across calls: a fresh [B, V] vector per step (zeroed, then copied once more into
+  // fresh per-sequence vectors) cost page faults and two passes over B x 655 KB for K3 at every step.
+  // A graph step leaves its logits in its pinned staging buffer (one copy fewer).
+  std::vector<float>& buf = impl_->logits;
+  const float* logits = buf.data();
   const bool decode = int64_t(all.size()) == int64_t(live.size());  // one token per live sequence
-  if (!live.empty() && decode && graph_step_ok(live.size()))
-    K3_RETURN_IF_ERROR(run_graph_step(live, all.data(), logits.data()));
-  else if (!live.empty())
-    K3_RETURN_IF_ERROR(run(live, all.data(), row0, out_rows, logits.data()));
+  if (!live.empty() && decode && graph_step_ok(live.size())) {
+    K3_RETURN_IF_ERROR(run_graph_step(live, all.data(), nullptr));
+    logits = impl_->z_h;
+  } else if (!live.empty()) {
+    if (buf.size() < out_rows.size() * size_t(V)) buf.resize(out_rows.size() * size_t(V));
+    K3_RETURN_IF_ERROR(run(live, all.data(), row0, out_rows, buf.data()));
+    logits = buf.data();
+  }
   if (last_logits) {
-    last_logits->assign(states.size(), {});
+    last_logits->resize(states.size());  // the vectors keep their capacity: no allocation in steady state
     for (size_t i = 0, k = 0; i < states.size(); ++i) {
-      if (tokens[i].empty()) continue;
-      (*last_logits)[i].assign(logits.begin() + long(k * V), logits.begin() + long((k + 1) * V));
+      std::vector<float>& out = (*last_logits)[i];
+      if (tokens[i].empty()) {
+        out.clear();
+        continue;
+      }
+      out.assign(logits + k * size_t(V), logits + (k + 1) * size_t(V));
       ++k;
     }
   }

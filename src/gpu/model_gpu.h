@@ -151,7 +151,8 @@ class GpuModel {
   // run's loop as pieces (model_step_gpu.cu), eagerly with CUDA events: used while set_profile is on.
   Status run_pieces(std::span<GpuSeqState* const> states, const int32_t* tokens, std::span<const int64_t> row0,
                     std::span<const int64_t> out_rows, float* logits);
-  // One decode step of n = states.size() sequences as CUDA graphs (see set_cuda_graph); logits [n, n_vocab].
+  // One decode step of n = states.size() sequences as CUDA graphs (see set_cuda_graph); logits [n, n_vocab]
+  // (nullptr: they stay in the pinned staging buffer Impl::z_h until the next step).
   Status run_graph_step(std::span<GpuSeqState* const> states, const int32_t* tokens, float* logits);
   bool graph_step_ok(size_t n_seq) const;
   // The layer loop as pieces (step_graph.cuh): tok [n_tok] and rows [n_out] device arrays, z [n_out, V].

@@ -120,7 +120,7 @@ Status GpuModel::run_graph_step(std::span<GpuSeqState* const> states, const int3
   K3_CUDA_CHECK(cudaMemcpyAsync(m.z_h, z.f(), size_t(n) * size_t(V) * 4, cudaMemcpyDeviceToHost, c.stream()));
   K3_RETURN_IF_ERROR(synchronize(*c.g));
   K3_RETURN_IF_ERROR(guard);
-  std::copy(m.z_h, m.z_h + size_t(n) * size_t(V), logits);
+  if (logits) std::copy(m.z_h, m.z_h + size_t(n) * size_t(V), logits);
   for (GpuSeqState* st : states) st->n_past_ += 1;
   ++m.steps[bi];
   ++(warm ? m.stats.graph_steps : m.stats.eager_steps);

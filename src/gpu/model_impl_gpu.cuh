@@ -23,7 +23,8 @@ struct GpuModel::Impl {
   ContextOwner side_ctx;
   SideStream side;  // side.g == nullptr: no side stream
   std::unique_ptr<ModelWeightsGpu> w;
-  std::vector<float> host;  // trace staging
+  std::vector<float> host;    // trace staging
+  std::vector<float> logits;  // forward_batch's [B, V] host logits, grown, never shrunk
   // CUDA-graph decode steps (run_graph_step)
   DeviceArena arena;          // every graph step's buffers and captured scratch; sized for arena_bucket
   int arena_bucket = 0;
