@@ -157,6 +157,42 @@ TEST(GpuGraph, MembershipChangesRecapture) {
   EXPECT_EQ(l.m->graph_stats().captures, captures) << "an unchanged batch must replay, not capture";
 }
 
+// forward_batch writes into the caller's vectors and keeps them across calls (no per-step allocation): an
+// idle sequence (empty span) gets an empty vector, a smaller batch shrinks the list, and every row equals the
+// same step into fresh vectors (eager on one twin set, graphs on the other).
+TEST(GpuGraph, ForwardBatchReusesLogitVectors) {
+  SKIP_WITHOUT_GPU();
+  Loaded l = load("tiny-k3", Precision::bf16);
+  ASSERT_TRUE(l.m);
+  gpu::GpuModel& m = *l.m;
+  Twins t = make_twins(m, 3, 12, 21);
+  const size_t V = size_t(m.config().n_vocab);
+  std::vector<std::vector<float>> kept;
+  for (int step = 0; step < 4; ++step) {  // all three; sequence 1 idle; sequences 0 and 2; all three
+    const std::vector<int> idx = step == 2 ? std::vector<int>{0, 2} : std::vector<int>{0, 1, 2};
+    std::vector<gpu::GpuSeqState*> sa, sb;
+    std::vector<std::span<const int32_t>> tok;
+    for (int i : idx) {
+      sa.push_back(t.a[size_t(i)].get()), sb.push_back(t.b[size_t(i)].get());
+      tok.emplace_back(&t.next[size_t(i)], step == 1 && i == 1 ? 0 : 1);
+    }
+    std::vector<std::vector<float>> fresh;
+    m.set_cuda_graph(false);
+    Status s = m.forward_batch(sa, tok, &fresh);
+    ASSERT_TRUE(s.ok()) << s.message();
+    m.set_cuda_graph(true);
+    s = m.forward_batch(sb, tok, &kept);
+    ASSERT_TRUE(s.ok()) << s.message();
+    ASSERT_EQ(kept.size(), idx.size()) << "step " << step;
+    for (size_t k = 0; k < idx.size(); ++k) {
+      ASSERT_EQ(kept[k].size(), tok[k].empty() ? size_t(0) : V) << "step " << step << " sequence " << idx[k];
+      ASSERT_EQ(0, std::memcmp(kept[k].data(), fresh[k].data(), kept[k].size() * 4))
+          << "step " << step << " sequence " << idx[k];
+      if (!tok[k].empty()) t.next[size_t(idx[k])] = argmax(fresh[k]);
+    }
+  }
+}
+
 // A synthetic context (fill_synthetic) behaves like any other state: graph = eager, n_past advances.
 TEST(GpuGraph, SyntheticContext) {
   SKIP_WITHOUT_GPU();
