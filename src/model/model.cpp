@@ -209,10 +209,14 @@ Status Model::forward_batch(std::span<SeqState*> states, std::span<const std::sp
   std::vector<float> logits(out_rows.size() * size_t(V));
   if (!live.empty()) K3_RETURN_IF_ERROR(run(live, all.data(), row0, out_rows, logits.data()));
   if (last_logits) {
-    last_logits->assign(states.size(), {});
+    last_logits->resize(states.size());  // the caller's vectors keep their capacity across steps
     for (size_t i = 0, k = 0; i < states.size(); ++i) {
-      if (tokens[i].empty()) continue;
-      (*last_logits)[i].assign(logits.begin() + long(k * V), logits.begin() + long((k + 1) * V));
+      std::vector<float>& out = (*last_logits)[i];
+      if (tokens[i].empty()) {
+        out.clear();
+        continue;
+      }
+      out.assign(logits.begin() + long(k * V), logits.begin() + long((k + 1) * V));
       ++k;
     }
   }

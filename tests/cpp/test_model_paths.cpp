@@ -171,6 +171,36 @@ TEST_P(ModelPaths, BatchSkipsEmptySpansAndRejectsBadTokens) {
   EXPECT_EQ(a->n_past(), 3);  // nothing ran
 }
 
+// The caller's logit vectors are reused across calls: an idle sequence's vector is emptied, a smaller batch
+// shrinks the list, and the values equal a call into fresh vectors.
+TEST_P(ModelPaths, BatchReusesTheCallersVectors) {
+  auto ck = open_tiny(GetParam());
+  ASSERT_TRUE(ck);
+  auto m = load(*ck);
+  ASSERT_TRUE(m);
+  const size_t V = size_t(m->config().n_vocab);
+  auto a = m->new_state(), b = m->new_state(), a2 = m->new_state(), b2 = m->new_state();
+  std::vector<int32_t> ta = {3, 4, 5}, tb = {6, 7}, none;
+  std::vector<std::vector<float>> kept, fresh, fresh2, fresh3;
+  std::vector<SeqState*> s1 = {a.get(), b.get()}, f1 = {a2.get(), b2.get()};
+  std::vector<std::span<const int32_t>> spans = {ta, tb};
+  ASSERT_TRUE(m->forward_batch(s1, spans, &kept).ok());
+  ASSERT_TRUE(m->forward_batch(f1, spans, &fresh).ok());
+  spans = {none, tb};  // a idle, b one more step
+  ASSERT_TRUE(m->forward_batch(s1, spans, &kept).ok());
+  ASSERT_TRUE(m->forward_batch(f1, spans, &fresh2).ok());
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_TRUE(kept[0].empty());
+  ASSERT_EQ(kept[1].size(), V);
+  EXPECT_EQ(kept[1], fresh2[1]);
+  std::vector<SeqState*> s2 = {a.get()}, f2 = {a2.get()};
+  spans = {ta};
+  ASSERT_TRUE(m->forward_batch(s2, spans, &kept).ok());
+  ASSERT_TRUE(m->forward_batch(f2, spans, &fresh3).ok());
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_EQ(kept[0], fresh3[0]);
+}
+
 TEST_P(ModelPaths, BadTokenIsAStatus) {
   auto ck = open_tiny(GetParam());
   ASSERT_TRUE(ck);
