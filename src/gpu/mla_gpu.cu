@@ -260,7 +260,13 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
     K3_RETURN_IF_ERROR(zh.alloc(c, n_tok * nh * R));
   }
   const float scale = 1.f / std::sqrt(float(dqk));
-  const uint16_t* kvb16 = w.kv_b_f32 ? nullptr : static_cast<const uint16_t*>(w.kv_b_proj.w);  // W_UK, W_UV
+  // W_UK / W_UV: the bf16 kv_b_proj itself, or its fp32 copy (weights_gpu.cu makes one for other dtypes)
+  auto with_kvb = [&](auto&& launch) {
+    if (w.kv_b_f32)
+      launch(w.kv_b_f32);
+    else
+      launch(static_cast<const uint16_t*>(w.kv_b_proj.w));
+  };
   const bool fast = c.bf16() && env_switch("K3_MLA_FAST", true);  // read per call: tests switch it
   const bool fast_decode = fast && R == kMlaLatent && dr == kMlaRope;
   const bool fast_prefill = fast && dn == kMlaPrefillNope && dr == kMlaPrefillRope && dv == kMlaPrefillV;
@@ -314,13 +320,10 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
     // MQA over the latent rows: k = [c | r], v = c.
     float* qs = qh.f() + s.row0 * nh * dl;
     float* zs = zh.f() + s.row0 * nh * R;
-    const dim3 grid_q(unsigned(nh), unsigned((dl + 63) / 64));  // bf16 mode: q^ in bf16 (model/mla.cpp)
-    if (kvb16)
-      absorb_q_kernel<<<grid_q, 256, 0, c.stream()>>>(qs, q.f() + s.row0 * nh * dqk, kvb16, s.n_tok, nh, dn,
-                                                      dr, R, wkv, c.bf16());
-    else
-      absorb_q_kernel<<<grid_q, 256, 0, c.stream()>>>(qs, q.f() + s.row0 * nh * dqk, w.kv_b_f32, s.n_tok, nh,
-                                                      dn, dr, R, wkv, c.bf16());
+    with_kvb([&](auto kvb) {  // bf16 mode: q^ in bf16 (model/mla.cpp)
+      absorb_q_kernel<<<dim3(unsigned(nh), unsigned((dl + 63) / 64)), 256, 0, c.stream()>>>(
+          qs, q.f() + s.row0 * nh * dqk, kvb, s.n_tok, nh, dn, dr, R, wkv, c.bf16());
+    });
     if (fast_decode && !sparse) {
       K3_RETURN_IF_ERROR(decode_fast(c, qs, st, s.n_tok, s.n_past, nh, scale, zs));
     } else if (sparse_mla && sparse) {
@@ -334,12 +337,10 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
       p.out = zs;
       attention_cuda(p, *c.g);
     }
-    if (kvb16)
+    with_kvb([&](auto kvb) {
       expand_z_kernel<<<blocks_for(int64_t(nh) * dv * 32), kThreads, 0, c.stream()>>>(
-          z.f() + s.row0 * nh * dv, zs, kvb16, s.n_tok, nh, dn, dv, R, wkv);
-    else
-      expand_z_kernel<<<blocks_for(int64_t(nh) * dv * 32), kThreads, 0, c.stream()>>>(
-          z.f() + s.row0 * nh * dv, zs, w.kv_b_f32, s.n_tok, nh, dn, dv, R, wkv);
+          z.f() + s.row0 * nh * dv, zs, kvb, s.n_tok, nh, dn, dv, R, wkv);
+    });
   }
   c.rnd(z.f(), n_tok * nh * dv);
   c.cb("mla_z", layer, z.f(), n_tok * nh * dv);

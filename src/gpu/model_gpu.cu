@@ -13,6 +13,7 @@
 #include "gpu/context.h"
 #include "gpu/model_impl_gpu.cuh"
 #include "gpu/step_graph.cuh"
+#include "model/batch.h"
 #include "model/binder.h"
 
 namespace k3::gpu {
@@ -31,15 +32,6 @@ __global__ void embed_kernel(float* x0, const void* table, int dtype, const int3
   } else {
     x0[i] = __half2float(static_cast<const __half*>(table)[src]);
   }
-}
-
-Status check_tokens(const int32_t* tokens, int64_t n, int64_t n_vocab) {
-  for (int64_t t = 0; t < n; ++t)
-    if (tokens[t] < 0 || tokens[t] >= n_vocab)
-      return error(Code::invalid_argument, "token id " + std::to_string(tokens[t]) + " at position " +
-                                               std::to_string(t) + " is outside [0, " +
-                                               std::to_string(n_vocab) + ")");
-  return ok_status();
 }
 
 }  // namespace
@@ -245,51 +237,23 @@ Status GpuModel::forward(GpuSeqState& state, const int32_t* tokens, int64_t n_to
 Status GpuModel::forward_batch(std::span<GpuSeqState*> states,
                                std::span<const std::span<const int32_t>> tokens,
                                std::vector<std::vector<float>>* last_logits) {
-  if (states.size() != tokens.size())
-    return error(Code::invalid_argument, "forward_batch: " + std::to_string(states.size()) + " states but " +
-                                             std::to_string(tokens.size()) + " token spans");
-  std::vector<int32_t> all;
-  std::vector<int64_t> row0 = {0}, out_rows;
-  std::vector<GpuSeqState*> live;
-  for (size_t i = 0; i < states.size(); ++i) {
-    Status s = check_tokens(tokens[i].data(), int64_t(tokens[i].size()), cfg_.n_vocab);
-    if (!s.ok()) return s.with_context("sequence " + std::to_string(i));
-    for (size_t j = 0; j < i; ++j)
-      if (states[j] == states[i] && !tokens[i].empty())
-        return error(Code::invalid_argument, "forward_batch: one state appears twice");
-    if (tokens[i].empty()) continue;
-    all.insert(all.end(), tokens[i].begin(), tokens[i].end());
-    live.push_back(states[i]);
-    row0.push_back(int64_t(all.size()));
-    out_rows.push_back(int64_t(all.size()) - 1);
-  }
-  const int64_t V = cfg_.n_vocab;
-  // Host buffers are reused across calls: a fresh [B, V] vector per step (zeroed, then copied once more into
-  // fresh per-sequence vectors) cost page faults and two passes over B x 655 KB for K3 at every step.
-  // A graph step leaves its logits in its pinned staging buffer (one copy fewer).
-  std::vector<float>& buf = impl_->logits;
-  const float* logits = buf.data();
-  const bool decode = int64_t(all.size()) == int64_t(live.size());  // one token per live sequence
-  if (!live.empty() && decode && graph_step_ok(live.size())) {
-    K3_RETURN_IF_ERROR(run_graph_step(live, all.data(), nullptr));
+  PackedBatch<GpuSeqState> b;
+  K3_RETURN_IF_ERROR(pack_batch(states, tokens, cfg_.n_vocab, &b));
+  // Host buffers are reused across calls (a fresh zeroed [B, V] vector per step page-faulted 42 MB in at
+  // B = 64 for K3); a graph step leaves its logits in its pinned staging buffer, read from there.
+  const float* logits = nullptr;
+  const bool decode = b.tokens.size() == b.live.size();  // one token per live sequence
+  if (!b.live.empty() && decode && graph_step_ok(b.live.size())) {
+    K3_RETURN_IF_ERROR(run_graph_step(b.live, b.tokens.data(), nullptr));
     logits = impl_->z_h;
-  } else if (!live.empty()) {
-    if (buf.size() < out_rows.size() * size_t(V)) buf.resize(out_rows.size() * size_t(V));
-    K3_RETURN_IF_ERROR(run(live, all.data(), row0, out_rows, buf.data()));
+  } else if (!b.live.empty()) {
+    std::vector<float>& buf = impl_->logits;
+    if (buf.size() < b.out_rows.size() * size_t(cfg_.n_vocab))
+      buf.resize(b.out_rows.size() * size_t(cfg_.n_vocab));
+    K3_RETURN_IF_ERROR(run(b.live, b.tokens.data(), b.row0, b.out_rows, buf.data()));
     logits = buf.data();
   }
-  if (last_logits) {
-    last_logits->resize(states.size());  // the vectors keep their capacity: no allocation in steady state
-    for (size_t i = 0, k = 0; i < states.size(); ++i) {
-      std::vector<float>& out = (*last_logits)[i];
-      if (tokens[i].empty()) {
-        out.clear();
-        continue;
-      }
-      out.assign(logits + k * size_t(V), logits + (k + 1) * size_t(V));
-      ++k;
-    }
-  }
+  if (last_logits) unpack_last_logits(tokens, logits, cfg_.n_vocab, last_logits);
   return ok_status();
 }
 

@@ -5,6 +5,7 @@
 
 #include "core/thread_pool.h"
 #include "model/attn_res.h"
+#include "model/batch.h"
 #include "model/binder.h"
 #include "model/common.h"
 #include "model/weights.h"
@@ -139,19 +140,6 @@ Status Model::run(std::span<SeqState* const> states, const int32_t* tokens, std:
   return guard;
 }
 
-namespace {
-
-Status check_tokens(const int32_t* tokens, int64_t n, int64_t n_vocab) {
-  for (int64_t t = 0; t < n; ++t)
-    if (tokens[t] < 0 || tokens[t] >= n_vocab)
-      return error(Code::invalid_argument, "token id " + std::to_string(tokens[t]) + " at position " +
-                                               std::to_string(t) + " is outside [0, " +
-                                               std::to_string(n_vocab) + ")");
-  return ok_status();
-}
-
-}  // namespace
-
 Status Model::forward(SeqState& state, const int32_t* tokens, int64_t n_tok, std::vector<float>* logits,
                       bool all_logits) {
   K3_RETURN_IF_ERROR(check_tokens(tokens, n_tok, cfg_.n_vocab));
@@ -187,39 +175,11 @@ Status Model::forward_packed(std::span<SeqState* const> states, const int32_t* t
 
 Status Model::forward_batch(std::span<SeqState*> states, std::span<const std::span<const int32_t>> tokens,
                             std::vector<std::vector<float>>* last_logits) {
-  if (states.size() != tokens.size())
-    return error(Code::invalid_argument, "forward_batch: " + std::to_string(states.size()) + " states but " +
-                                             std::to_string(tokens.size()) + " token spans");
-  std::vector<int32_t> all;
-  std::vector<int64_t> row0 = {0}, out_rows;
-  std::vector<SeqState*> live;
-  for (size_t i = 0; i < states.size(); ++i) {
-    Status s = check_tokens(tokens[i].data(), int64_t(tokens[i].size()), cfg_.n_vocab);
-    if (!s.ok()) return s.with_context("sequence " + std::to_string(i));
-    for (size_t j = 0; j < i; ++j)
-      if (states[j] == states[i] && !tokens[i].empty())
-        return error(Code::invalid_argument, "forward_batch: one state appears twice");
-    if (tokens[i].empty()) continue;
-    all.insert(all.end(), tokens[i].begin(), tokens[i].end());
-    live.push_back(states[i]);
-    row0.push_back(int64_t(all.size()));
-    out_rows.push_back(int64_t(all.size()) - 1);
-  }
-  const int64_t V = cfg_.n_vocab;
-  std::vector<float> logits(out_rows.size() * size_t(V));
-  if (!live.empty()) K3_RETURN_IF_ERROR(run(live, all.data(), row0, out_rows, logits.data()));
-  if (last_logits) {
-    last_logits->resize(states.size());  // the caller's vectors keep their capacity across steps
-    for (size_t i = 0, k = 0; i < states.size(); ++i) {
-      std::vector<float>& out = (*last_logits)[i];
-      if (tokens[i].empty()) {
-        out.clear();
-        continue;
-      }
-      out.assign(logits.begin() + long(k * V), logits.begin() + long((k + 1) * V));
-      ++k;
-    }
-  }
+  PackedBatch<SeqState> b;
+  K3_RETURN_IF_ERROR(pack_batch(states, tokens, cfg_.n_vocab, &b));
+  std::vector<float> logits(b.out_rows.size() * size_t(cfg_.n_vocab));
+  if (!b.live.empty()) K3_RETURN_IF_ERROR(run(b.live, b.tokens.data(), b.row0, b.out_rows, logits.data()));
+  if (last_logits) unpack_last_logits(tokens, logits.data(), cfg_.n_vocab, last_logits);
   return ok_status();
 }
 

@@ -78,6 +78,18 @@ Twins make_twins(gpu::GpuModel& m, int n, int64_t prompt, uint32_t seed) {
   return t;
 }
 
+// forward_batch over the same spans: eager on states sa into la, then graphs on sb into lb.
+void batch_both(gpu::GpuModel& m, std::vector<gpu::GpuSeqState*>& sa, std::vector<gpu::GpuSeqState*>& sb,
+                const std::vector<std::span<const int32_t>>& tok, std::vector<std::vector<float>>* la,
+                std::vector<std::vector<float>>* lb) {
+  m.set_cuda_graph(false);
+  Status s = m.forward_batch(sa, tok, la);
+  ASSERT_TRUE(s.ok()) << s.message();
+  m.set_cuda_graph(true);
+  s = m.forward_batch(sb, tok, lb);
+  ASSERT_TRUE(s.ok()) << s.message();
+}
+
 // One decode step over sequences `idx` of both sets: eager on a, graphs on b; logits must be identical.
 void step_both(gpu::GpuModel& m, Twins& t, const std::vector<int>& idx, const std::string& what) {
   std::vector<gpu::GpuSeqState*> sa, sb;
@@ -87,12 +99,8 @@ void step_both(gpu::GpuModel& m, Twins& t, const std::vector<int>& idx, const st
     tok.emplace_back(&t.next[size_t(i)], 1);
   }
   std::vector<std::vector<float>> la, lb;
-  m.set_cuda_graph(false);
-  Status s = m.forward_batch(sa, tok, &la);
-  ASSERT_TRUE(s.ok()) << s.message();
-  m.set_cuda_graph(true);
-  s = m.forward_batch(sb, tok, &lb);
-  ASSERT_TRUE(s.ok()) << s.message();
+  batch_both(m, sa, sb, tok, &la, &lb);
+  if (::testing::Test::HasFatalFailure()) return;
   for (size_t k = 0; k < idx.size(); ++k) {
     ASSERT_EQ(la[k].size(), lb[k].size());
     ASSERT_EQ(0, std::memcmp(la[k].data(), lb[k].data(), la[k].size() * 4))
@@ -177,12 +185,8 @@ TEST(GpuGraph, ForwardBatchReusesLogitVectors) {
       tok.emplace_back(&t.next[size_t(i)], step == 1 && i == 1 ? 0 : 1);
     }
     std::vector<std::vector<float>> fresh;
-    m.set_cuda_graph(false);
-    Status s = m.forward_batch(sa, tok, &fresh);
-    ASSERT_TRUE(s.ok()) << s.message();
-    m.set_cuda_graph(true);
-    s = m.forward_batch(sb, tok, &kept);
-    ASSERT_TRUE(s.ok()) << s.message();
+    batch_both(m, sa, sb, tok, &fresh, &kept);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
     ASSERT_EQ(kept.size(), idx.size()) << "step " << step;
     for (size_t k = 0; k < idx.size(); ++k) {
       ASSERT_EQ(kept[k].size(), tok[k].empty() ? size_t(0) : V) << "step " << step << " sequence " << idx[k];
