@@ -19,6 +19,10 @@
 // rank order, so every CTA of a cluster derives bit-identical scores and r; then each mixes and normalizes
 // its own slice. Same equations and rounding points; only the fp32 summation order differs. Used while
 // n_tok is within a couple of waves of clusters (cluster_fits); K3_NORM_CLUSTER=0 keeps the kernels above.
+//
+// Every kernel can first settle a residual add owed to the partial sum (ResidualAdd, the last source):
+// p <- round(p + o), written back, each element by the thread that reads it afterwards. This saves the
+// add kernel between a sub-layer and the next norm (at one token, a launch and a dependent step each).
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -41,7 +45,21 @@ constexpr int kMixThreads = 256;
 struct Sources {
   const float* v[kMaxSources];
   int n;
+  float* acc;        // ResidualAdd::p (= v[n - 1]) or null
+  const float* add;  // ResidualAdd::o
 };
+
+__device__ __forceinline__ float round_if(float x, bool bf16) {
+  return bf16 ? round_bf16_dev(x) : x;
+}
+
+// The owed add for token t, by the stride-loop threads (d = threadIdx.x, += blockDim.x) that read p later.
+__device__ void settle_add(const Sources& s, int64_t t, int64_t D, bool bf16) {
+  if (!s.acc) return;
+  float* p = s.acc + t * D;
+  const float* o = s.add + t * D;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) p[d] = round_if(p[d] + o[d], bf16);
+}
 
 __device__ float block_sum(float v, float* red) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
@@ -59,6 +77,7 @@ __global__ void attn_res_kernel(Sources src, const float* q, float eps, int64_t 
   __shared__ float red[kMixThreads / 32];
   __shared__ float score[kMaxSources];
   const int64_t t = blockIdx.x;
+  settle_add(src, t, D, bf16);
   for (int i = 0; i < src.n; ++i) {
     const float* v = src.v[i] + t * D;
     float dot = 0.f, ss = 0.f;
@@ -92,6 +111,7 @@ __global__ void __launch_bounds__(kNormThreads)
   __shared__ float tot[2 * kFastSources + 1];
   const int64_t t = blockIdx.x;
   const int n = src.n, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  settle_add(src, t, D, bf16);
   float dot[kFastSources], ss[kFastSources];
 #pragma unroll
   for (int i = 0; i < kFastSources; ++i) dot[i] = 0.f, ss[i] = 0.f;
@@ -203,6 +223,13 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kClusterThrea
     if (i >= n) break;
     v[i] = live ? load4(src.v[i] + t * D + d) : zero;
   }
+  if (src.acc && live) {  // the owed residual add, on this thread's float4 of the partial sum
+    const float4 o = load4(src.add + t * D + d);
+    float4& p = v[n - 1];
+    p = make_float4(round_if(p.x + o.x, bf16), round_if(p.y + o.y, bf16), round_if(p.z + o.z, bf16),
+                    round_if(p.w + o.w, bf16));
+    store4(src.acc + t * D + d, p);
+  }
 #pragma unroll
   for (int i = 0; i < kFastSources; ++i) {
     if (i >= n) break;
@@ -294,6 +321,18 @@ bool cluster_fits(const std::vector<const float*>& sources, const float* q, int6
   return aligned16(q);
 }
 
+// Sources by value, with the owed add checked: p must be the last source.
+Status make_sources(const std::vector<const float*>& sources, ResidualAdd add, Sources* s) {
+  *s = Sources{};
+  s->n = int(sources.size());
+  for (int i = 0; i < s->n; ++i) s->v[i] = sources[size_t(i)];
+  if (add.p && (add.p != sources.back() || !add.o))
+    return error(Code::invalid_argument, "AttnRes: the owed residual add is not on the partial sum");
+  s->acc = add.p;
+  s->add = add.p ? add.o : nullptr;
+  return ok_status();
+}
+
 template <bool kNorm>
 void launch_cluster(const GpuCtx& c, const Sources& s, const float* q, float eps, int64_t n_tok, int64_t D,
                     const float* w, float* a, float* y) {
@@ -306,19 +345,19 @@ void launch_cluster(const GpuCtx& c, const Sources& s, const float* q, float eps
 }  // namespace
 
 Status attn_res_norm_gpu(const GpuCtx& c, const std::vector<const float*>& sources, const float* q, float eps,
-                         int64_t n_tok, int64_t d_model, const float* w, float* a, float* y) {
+                         int64_t n_tok, int64_t d_model, const float* w, float* a, float* y,
+                         ResidualAdd add) {
   static const bool fused = env_switch("K3_ATTN_RES_NORM_FUSED", true);
   if (!fused || int(sources.size()) > kFastSources) {
-    K3_RETURN_IF_ERROR(attn_res_mix_gpu(c, sources, q, eps, n_tok, d_model, a));
+    K3_RETURN_IF_ERROR(attn_res_mix_gpu(c, sources, q, eps, n_tok, d_model, a, add));
     rms_norm(c, a, w, eps, n_tok, d_model, y);
     return launch_status("attn_res + rms_norm");
   }
   if (sources.empty()) return error(Code::unsupported, "AttnRes over no sources");
   if (n_tok <= 0) return ok_status();
-  Sources s{};
-  s.n = int(sources.size());
-  for (int i = 0; i < s.n; ++i) s.v[i] = sources[size_t(i)];
-  if (cluster_fits(sources, q, n_tok, d_model, {w, a, y})) {
+  Sources s;
+  K3_RETURN_IF_ERROR(make_sources(sources, add, &s));
+  if (cluster_fits(sources, q, n_tok, d_model, {w, a, y, add.o})) {
     launch_cluster<true>(c, s, q, eps, n_tok, d_model, w, a, y);
     return launch_status("attn_res_norm (cluster)");
   }
@@ -328,15 +367,14 @@ Status attn_res_norm_gpu(const GpuCtx& c, const std::vector<const float*>& sourc
 }
 
 Status attn_res_mix_gpu(const GpuCtx& c, const std::vector<const float*>& sources, const float* q, float eps,
-                        int64_t n_tok, int64_t d_model, float* out) {
+                        int64_t n_tok, int64_t d_model, float* out, ResidualAdd add) {
   if (sources.empty() || int(sources.size()) > kMaxSources)
     return error(Code::unsupported, "AttnRes over " + std::to_string(sources.size()) + " sources (GPU max " +
                                         std::to_string(kMaxSources) + ")");
   if (n_tok <= 0) return ok_status();
-  Sources s{};
-  s.n = int(sources.size());
-  for (int i = 0; i < s.n; ++i) s.v[i] = sources[size_t(i)];
-  if (cluster_fits(sources, q, n_tok, d_model, {out})) {
+  Sources s;
+  K3_RETURN_IF_ERROR(make_sources(sources, add, &s));
+  if (cluster_fits(sources, q, n_tok, d_model, {out, add.o})) {
     launch_cluster<false>(c, s, q, eps, n_tok, d_model, nullptr, out, nullptr);
     return launch_status("attn_res (cluster)");
   }

@@ -59,12 +59,21 @@ Status ffn_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const FfnWeights
 Status moe_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MoeWeightsGpu& w, const float* x,
                        int64_t n_tok, float* out, int layer);
 
+// A residual add still owed to the partial sum (the last AttnRes source): p <- round(p + o) elementwise
+// (bf16 mode; add_inplace's rounding), done by the AttnRes kernel that reads p next, before it uses p.
+// p must be the last source. Empty: nothing owed.
+struct ResidualAdd {
+  float* p = nullptr;
+  const float* o = nullptr;
+};
+
 // Block AttnRes: out = bf16(sum_i softmax_i(q . V_i rsqrt(mean V_i^2 + eps)) V_i) over the sources.
 Status attn_res_mix_gpu(const GpuCtx& c, const std::vector<const float*>& sources, const float* q, float eps,
-                        int64_t n_tok, int64_t d_model, float* out);
+                        int64_t n_tok, int64_t d_model, float* out, ResidualAdd add = {});
 // The mix followed by RMSNorm(a; w, eps) (the norm before each sub-layer): a = the mix (written), y = the
 // norm.
 Status attn_res_norm_gpu(const GpuCtx& c, const std::vector<const float*>& sources, const float* q, float eps,
-                         int64_t n_tok, int64_t d_model, const float* w, float* a, float* y);
+                         int64_t n_tok, int64_t d_model, const float* w, float* a, float* y,
+                         ResidualAdd add = {});
 
 }  // namespace k3::gpu

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "core/cuda_check.h"
 #include "core/env.h"
@@ -93,6 +94,16 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const Checkpoint& ckpt, const M
   return Result<std::unique_ptr<GpuModel>>(std::move(m));
 }
 
+bool defer_residual_add(const GpuCtx& c, bool attn_res, bool injecting) {
+  static const bool on = env_switch("K3_FUSE_ADD", true);
+#ifdef NDEBUG
+  const bool checked = false;
+#else
+  const bool checked = true;  // cb checks every traced activation for NaN / Inf
+#endif
+  return on && attn_res && !injecting && !checked && !c.tracing();
+}
+
 Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens,
                      std::span<const int64_t> row0, std::span<const int64_t> out_rows, float* logits) {
   const int64_t D = cfg_.d_model, V = cfg_.n_vocab, n_seq = int64_t(states.size()), n_tok = row0.back();
@@ -127,10 +138,19 @@ Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens
     src.push_back(p.f());
     return src;
   };
-  auto mix = [&](const float* q, float* out) {
-    return attn_res_mix_gpu(c, sources(), q, eps, n_tok, D, out);
-  };
   const bool ar = cfg_.uses_attn_res();
+  // p += o (rounded), now or owed to the next AttnRes kernel (defer_residual_add)
+  const bool defer = defer_residual_add(c, ar, inject_ != nullptr);
+  ResidualAdd owed;
+  auto add = [&](const char* name, int l) {
+    if (defer) {
+      owed = {p.f(), o.f()};
+      return;
+    }
+    add_inplace(c, p.f(), o.f(), n_tok * D, /*round=*/true);
+    if (name) c.cb(name, l, p.f(), n_tok * D);
+  };
+  auto settle = [&] { return std::exchange(owed, ResidualAdd{}); };
   auto inject = [&](int layer) -> Status {  // set_layer_inputs: the residual stream from outside
     const float* h = inject_ ? inject_(layer, n_tok * D) : nullptr;
     if (h)
@@ -143,8 +163,8 @@ Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens
     // attention sub-layer
     const bool fresh = ar && l % cfg_.attn_res_block_size == 0;
     if (ar && l > 0)
-      K3_RETURN_IF_ERROR(
-          attn_res_norm_gpu(c, sources(), lw.q_attn_res, eps, n_tok, D, lw.input_layernorm, a.f(), h.f()));
+      K3_RETURN_IF_ERROR(attn_res_norm_gpu(c, sources(), lw.q_attn_res, eps, n_tok, D, lw.input_layernorm,
+                                           a.f(), h.f(), settle()));
     else
       rms_norm(c, p.f(), lw.input_layernorm, eps, n_tok, D, h.f());
     c.cb("attn_norm", l, h.f(), n_tok * D);
@@ -166,12 +186,12 @@ Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens
       p = std::move(o);
       K3_RETURN_IF_ERROR(o.alloc(c, n_tok * D));
     } else {
-      add_inplace(c, p.f(), o.f(), n_tok * D, /*round=*/true);
+      add(nullptr, l);
     }
     // FFN sub-layer
     if (ar)
       K3_RETURN_IF_ERROR(attn_res_norm_gpu(c, sources(), lw.q_mlp_res, eps, n_tok, D,
-                                           lw.post_attention_layernorm, a.f(), h.f()));
+                                           lw.post_attention_layernorm, a.f(), h.f(), settle()));
     else
       rms_norm(c, p.f(), lw.post_attention_layernorm, eps, n_tok, D, h.f());
     c.cb("ffn_norm", l, h.f(), n_tok * D);
@@ -180,15 +200,14 @@ Status GpuModel::run(std::span<GpuSeqState* const> states, const int32_t* tokens
     else
       K3_RETURN_IF_ERROR(ffn_forward_gpu(c, cfg_, lw.mlp, h.f(), n_tok, o.f()));
     c.cb("ffn_out", l, o.f(), n_tok * D);
-    add_inplace(c, p.f(), o.f(), n_tok * D, /*round=*/true);
-    c.cb("l_out", l, p.f(), n_tok * D);
+    add("l_out", l);
     if (!guard.ok()) return guard;
     K3_RETURN_IF_ERROR(launch_status("layer loop"));
   }
   K3_RETURN_IF_ERROR(inject(cfg_.n_layer - 1));
   const float* fin = p.f();
   if (ar) {
-    K3_RETURN_IF_ERROR(mix(W.q_out_res, a.f()));
+    K3_RETURN_IF_ERROR(attn_res_mix_gpu(c, sources(), W.q_out_res, eps, n_tok, D, a.f(), settle()));
     fin = a.f();
   }
   for (int64_t i = 0; i < n_seq; ++i) states[size_t(i)]->n_past_ += row0[size_t(i) + 1] - row0[size_t(i)];

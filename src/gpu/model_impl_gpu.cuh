@@ -42,4 +42,9 @@ struct GpuModel::Impl {
   }
 };
 
+// Whether a sub-layer's residual add may be owed to the next AttnRes kernel (ResidualAdd, blocks_gpu.cuh)
+// instead of running as its own kernel: yes unless something must see the sum at its own time, a trace hook
+// ("l_out") or a debug build's NaN checks, or set_layer_inputs (which overwrites it). K3_FUSE_ADD=0: never.
+bool defer_residual_add(const GpuCtx& c, bool attn_res, bool injecting);
+
 }  // namespace k3::gpu

@@ -2,6 +2,8 @@
 // calls: the same blocks, kernels and order as GpuModel::run's loop in model_gpu.cu (which stays the default
 // eager path until this one has been checked on a GPU: tests/cpp/test_gpu_graph.cpp compares the two bit for
 // bit), with the host bookkeeping outside the pieces and every inter-piece buffer made up front.
+#include <utility>
+
 #include "core/cuda_check.h"
 #include "gpu/blocks_gpu.cuh"
 #include "gpu/model_impl_gpu.cuh"
@@ -50,19 +52,30 @@ Status GpuModel::enqueue(StepRunner& r, const GpuCtx& c, std::span<GpuSeqState* 
       K3_CUDA_CHECK(cudaMemcpyAsync(P(cur), hx, size_t(n_tok * D) * 4, cudaMemcpyHostToDevice, c.stream()));
     return ok_status();
   };
+  // partial sum += o (rounded): its own piece, or owed to the next AttnRes kernel (defer_residual_add)
+  const bool defer = defer_residual_add(c, ar, inject_ != nullptr);
+  ResidualAdd owed;
   // norm piece: x = AttnRes mix with query q (or the partial sum); h = RMSNorm(x; w)
   auto norm_piece = [&](const float* q, const float* w, const char* name, int l) {
     const bool mixed = ar && q != nullptr;
-    return r.piece(GpuModule::norm, true, [&, src = mix_src(), q, w, name, l, mixed, pa = a.f(), ph = h.f()] {
-      if (mixed)
-        K3_RETURN_IF_ERROR(attn_res_norm_gpu(c, src, q, eps, n_tok, D, w, pa, ph));
-      else
-        rms_norm(c, src.back(), w, eps, n_tok, D, ph);
-      c.cb(name, l, ph, n_tok * D);
-      return ok_status();
-    });
+    return r.piece(
+        GpuModule::norm, true,
+        [&, src = mix_src(), q, w, name, l, mixed, add = std::exchange(owed, {}), pa = a.f(), ph = h.f()] {
+          if (mixed) {
+            K3_RETURN_IF_ERROR(attn_res_norm_gpu(c, src, q, eps, n_tok, D, w, pa, ph, add));
+          } else {
+            if (add.p) add_inplace(c, add.p, add.o, n_tok * D, /*round=*/true);
+            rms_norm(c, src.back(), w, eps, n_tok, D, ph);
+          }
+          c.cb(name, l, ph, n_tok * D);
+          return ok_status();
+        });
   };
-  auto add_piece = [&](const float* o, const char* name, int l) {  // partial sum += o (rounded)
+  auto add_piece = [&](const float* o, const char* name, int l) -> Status {
+    if (defer) {
+      owed = {P(cur), o};
+      return ok_status();
+    }
     return r.piece(GpuModule::norm, true, [&, p = P(cur), o, name, l] {
       add_inplace(c, p, o, n_tok * D, /*round=*/true);
       if (name) c.cb(name, l, p, n_tok * D);
@@ -120,17 +133,19 @@ Status GpuModel::enqueue(StepRunner& r, const GpuCtx& c, std::span<GpuSeqState* 
   }
   K3_RETURN_IF_ERROR(inject(cfg_.n_layer - 1));
   // logits = lm_head RMSNorm(h; model.norm), fp32 output, only for the requested rows
-  K3_RETURN_IF_ERROR(r.piece(GpuModule::norm, true, [&, src = mix_src(), pa = a.f(), ph = h.f(), po = P(nxt)] {
-    const float* fin = src.back();
-    if (ar) {
-      K3_RETURN_IF_ERROR(attn_res_mix_gpu(c, src, W.q_out_res, eps, n_tok, D, pa));
-      fin = pa;
-    }
-    gather_rows(c, po, fin, rows, n_out, D);
-    rms_norm(c, po, W.norm, eps, n_out, D, ph);
-    c.cb("result_norm", cfg_.n_layer, ph, n_out * D);
-    return ok_status();
-  }));
+  K3_RETURN_IF_ERROR(
+      r.piece(GpuModule::norm, true,
+              [&, src = mix_src(), add = std::exchange(owed, {}), pa = a.f(), ph = h.f(), po = P(nxt)] {
+                const float* fin = src.back();
+                if (ar) {
+                  K3_RETURN_IF_ERROR(attn_res_mix_gpu(c, src, W.q_out_res, eps, n_tok, D, pa, add));
+                  fin = pa;
+                }
+                gather_rows(c, po, fin, rows, n_out, D);
+                rms_norm(c, po, W.norm, eps, n_out, D, ph);
+                c.cb("result_norm", cfg_.n_layer, ph, n_out * D);
+                return ok_status();
+              }));
   if (z)
     K3_RETURN_IF_ERROR(r.piece(GpuModule::lm_head, true, [&, ph = h.f()] {
       linear(c, W.lm_head, ph, n_out, z, /*round=*/false);
