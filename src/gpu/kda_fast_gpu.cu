@@ -7,7 +7,8 @@
 //   projections (linear, bf16 rounding point) for every row, then per sequence:
 //   1 token   kda_decode_fast_cuda, all such sequences in one launch: conv + SiLU + roll, l2norm, gate, beta,
 //             the recurrence step in place on S, o = bf16(S^T q), the gated RMSNorm -> y rows (fp32 inside,
-//             no rounding point the CPU does not have)
+//             no rounding point the CPU does not have); a decode step's kernel reads the projection rows
+//             and writes y in place, with no gather, scatter or table launch (up to 8 sequences)
 //   n tokens  conv over [bf16 window | rows] + roll, l2norm, beta = sigmoid, gate; then the generic exact
 //             chunked recurrence on fp32 q^, k^, v, g, or with K3_KDA_FAST_PREFILL=1 kda_prefill_fast_cuda on
 //             bf16 q^, k^, v, g (needs the lower-bounded gate g >= -5, K3 / K3.1; not the CPU's rounding
@@ -66,6 +67,18 @@ struct Table {
 };
 __global__ void table_kernel(Table t, uint64_t* dst) {
   if (int(threadIdx.x) < t.n) dst[threadIdx.x] = t.v[threadIdx.x];
+}
+
+// The values to a new device array through table_kernel launches (no host memcpy: the step may be a graph).
+Status upload_table(const GpuCtx& c, const std::vector<uint64_t>& h, DevBuf* out) {
+  K3_RETURN_IF_ERROR(out->alloc_bytes(c, h.size() * 8));
+  for (size_t i0 = 0; i0 < h.size(); i0 += kTab) {
+    Table t;
+    t.n = int(std::min(h.size() - i0, size_t(kTab)));
+    std::copy_n(h.begin() + long(i0), t.n, t.v);
+    table_kernel<<<1, kTab, 0, c.stream()>>>(t, out->as<uint64_t>() + i0);
+  }
+  return launch_status("kda state table");
 }
 
 // dst[rows[s], :] = src[s, :] (T = float or bf16 bits); rows == nullptr: dst[i] = src[i].
@@ -168,58 +181,67 @@ Status kda_forward_fast_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWe
   K3_RETURN_IF_ERROR(bt.alloc(c, n_tok * H));
   K3_RETURN_IF_ERROR(kda_project_gpu(c, cfg, w, x, n_tok, qt.f(), kt.f(), vt.f(), bt.f(), g.f(), gate.f()));
 
-  // One-token sequences: one fused launch over all of them (per-sequence state pointers, uploaded once).
+  // One-token sequences: one fused launch over all of them. A decode step (every row a one-token sequence,
+  // so row s is sequence s) hands the kernel the projection rows and y as they are (x32 / out32) and, for
+  // up to kKdaInlineSeq sequences, the state pointers in its parameters; otherwise (a mixed batch, or more
+  // sequences) a small device table first, and a mixed batch's rows gathered into bf16 and scattered back.
   std::vector<int64_t> rows;
   std::vector<float*> Sp;
   std::vector<uint16_t*> Cp;
   for (const KdaSeqGpu& s : seqs)
     if (s.n_tok == 1) rows.push_back(s.row0), Sp.push_back(s.st->S), Cp.push_back(s.st->conv16);
   const int64_t nd = int64_t(rows.size());
-  DevBuf tab, qkv16, f16, b16, gate16, out16, dbg;
   if (nd > 0) {
-    std::vector<uint64_t> h(size_t(3 * nd));
-    for (int64_t i = 0; i < nd; ++i) {
-      h[size_t(i)] = uint64_t(rows[size_t(i)]);
-      h[size_t(nd + i)] = reinterpret_cast<uint64_t>(Sp[size_t(i)]);
-      h[size_t(2 * nd + i)] = reinterpret_cast<uint64_t>(Cp[size_t(i)]);
-    }
-    K3_RETURN_IF_ERROR(tab.alloc_bytes(c, h.size() * 8));
-    for (size_t i0 = 0; i0 < h.size(); i0 += kTab) {  // no host memcpy in the step: it may be a CUDA graph
-      Table t;
-      t.n = int(std::min(h.size() - i0, size_t(kTab)));
-      std::copy_n(h.begin() + long(i0), t.n, t.v);
-      table_kernel<<<1, kTab, 0, c.stream()>>>(t, tab.as<uint64_t>() + i0);
-    }
-    const int64_t* drows = tab.as<int64_t>();
-    K3_RETURN_IF_ERROR(qkv16.alloc_bytes(c, size_t(nd * 3 * HK) * 2));
-    K3_RETURN_IF_ERROR(f16.alloc_bytes(c, size_t(nd * HK) * 2));
-    K3_RETURN_IF_ERROR(gate16.alloc_bytes(c, size_t(nd * HK) * 2));
-    K3_RETURN_IF_ERROR(out16.alloc_bytes(c, size_t(nd * HK) * 2));
-    K3_RETURN_IF_ERROR(b16.alloc_bytes(c, size_t(nd * H) * 2));
-    PackArgs pa{qt.f(),
-                kt.f(),
-                vt.f(),
-                g.f(),
-                bt.f(),
-                gate.f(),
-                drows,
-                qkv16.as<uint16_t>(),
-                f16.as<uint16_t>(),
-                b16.as<uint16_t>(),
-                gate16.as<uint16_t>(),
-                nd,
-                HK,
-                H};
-    pack_kernel<<<blocks_for(nd * HK), kThreads, 0, c.stream()>>>(pa);
+    const bool direct = nd == n_tok;
+    const bool inlined = direct && !tracing && nd <= KdaDecodeParams::kKdaInlineSeq;
     KdaDecodeParams p;
     p.n_seq = int(nd), p.n_head = int(H);
-    p.qkv = qkv16.as<uint16_t>(), p.f = f16.as<uint16_t>(), p.b = b16.as<uint16_t>();
-    p.gate = gate16.as<uint16_t>(), p.out = out16.as<uint16_t>();
     p.conv_w = w.q_conv, p.conv_w_k = w.k_conv, p.conv_w_v = w.v_conv;
     p.dt_bias = w.dt_bias, p.A_log = w.A_log, p.o_norm = w.o_norm, p.eps = cfg.rms_norm_eps;
     p.softplus_gate = !lb_form, p.g_lower = cfg.kda.gate_lower_bound;
-    p.S_seq = reinterpret_cast<float* const*>(tab.as<uint64_t>() + nd);
-    p.conv_seq = reinterpret_cast<uint16_t* const*>(tab.as<uint64_t>() + 2 * nd);
+    DevBuf tab, qkv16, f16, b16, gate16, out16, dbg;
+    const int64_t* drows = nullptr;  // [nd] device rows (the table), when one was made
+    if (inlined) {
+      for (int64_t i = 0; i < nd; ++i) p.S_inline[i] = Sp[size_t(i)], p.conv_inline[i] = Cp[size_t(i)];
+    } else {
+      std::vector<uint64_t> t(size_t(3 * nd));
+      for (int64_t i = 0; i < nd; ++i) {
+        t[size_t(i)] = uint64_t(rows[size_t(i)]);
+        t[size_t(nd + i)] = reinterpret_cast<uint64_t>(Sp[size_t(i)]);
+        t[size_t(2 * nd + i)] = reinterpret_cast<uint64_t>(Cp[size_t(i)]);
+      }
+      K3_RETURN_IF_ERROR(upload_table(c, t, &tab));
+      drows = tab.as<int64_t>();
+      p.S_seq = reinterpret_cast<float* const*>(tab.as<uint64_t>() + nd);
+      p.conv_seq = reinterpret_cast<uint16_t* const*>(tab.as<uint64_t>() + 2 * nd);
+    }
+    if (direct) {
+      p.x32[0] = qt.f(), p.x32[1] = kt.f(), p.x32[2] = vt.f(), p.x32[3] = g.f(), p.x32[4] = gate.f();
+      p.x32[5] = bt.f(), p.out32 = y.f();
+    } else {
+      K3_RETURN_IF_ERROR(qkv16.alloc_bytes(c, size_t(nd * 3 * HK) * 2));
+      K3_RETURN_IF_ERROR(f16.alloc_bytes(c, size_t(nd * HK) * 2));
+      K3_RETURN_IF_ERROR(gate16.alloc_bytes(c, size_t(nd * HK) * 2));
+      K3_RETURN_IF_ERROR(out16.alloc_bytes(c, size_t(nd * HK) * 2));
+      K3_RETURN_IF_ERROR(b16.alloc_bytes(c, size_t(nd * H) * 2));
+      PackArgs pa{qt.f(),
+                  kt.f(),
+                  vt.f(),
+                  g.f(),
+                  bt.f(),
+                  gate.f(),
+                  drows,
+                  qkv16.as<uint16_t>(),
+                  f16.as<uint16_t>(),
+                  b16.as<uint16_t>(),
+                  gate16.as<uint16_t>(),
+                  nd,
+                  HK,
+                  H};
+      pack_kernel<<<blocks_for(nd * HK), kThreads, 0, c.stream()>>>(pa);
+      p.qkv = qkv16.as<uint16_t>(), p.f = f16.as<uint16_t>(), p.b = b16.as<uint16_t>();
+      p.gate = gate16.as<uint16_t>(), p.out = out16.as<uint16_t>();
+    }
     if (tracing) {  // the intermediates, scattered into the full arrays below
       K3_RETURN_IF_ERROR(dbg.alloc(c, nd * (5 * HK + H)));
       p.q_out = dbg.f(), p.k_out = p.q_out + nd * HK, p.v_out = p.k_out + nd * HK,
@@ -228,8 +250,8 @@ Status kda_forward_fast_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWe
     }
     K3_RETURN_IF_ERROR(kda_decode_fast_cuda(p, *c.g));
     const unsigned nb = blocks_for(nd * HK);
-    scatter_rows_kernel<uint16_t><<<nb, kThreads, 0, c.stream()>>>(y.f(), p.out, drows, nd, HK);
-    if (tracing) {
+    if (!direct) scatter_rows_kernel<uint16_t><<<nb, kThreads, 0, c.stream()>>>(y.f(), p.out, drows, nd, HK);
+    if (tracing) {  // (x32 read bt and g: the traced beta and g go in after the kernel)
       const std::pair<float*, const float*> to[] = {
           {q.f(), p.q_out}, {k.f(), p.k_out}, {v.f(), p.v_out}, {g.f(), p.g_out}, {o.f(), p.o_out}};
       for (const auto& [dst, src] : to)

@@ -74,6 +74,18 @@ struct KdaDecodeParams {
   // whose sequences own separate allocations). Both or neither; then slot, S and conv may be null.
   float* const* S_seq = nullptr;
   uint16_t* const* conv_seq = nullptr;
+  // Optional: up to kKdaInlineSeq sequences' state pointers carried in the parameters themselves (no device
+  // table to fill first; S_inline[0] != nullptr selects them, n_seq <= kKdaInlineSeq, S_seq / S / conv
+  // unused).
+  static constexpr int kKdaInlineSeq = 8;
+  float* S_inline[kKdaInlineSeq] = {};
+  uint16_t* conv_inline[kKdaInlineSeq] = {};
+  // Optional: the inputs and the output as fp32 rows (bf16 values, the GPU model's projection outputs) in
+  // place of qkv, f, gate, b and out; row b is sequence b. x32[0] != nullptr selects the inputs: x32 = {q~,
+  // k~, v~, f, gate} [n_seq, n_head * d_k], x32[5] = b [n_seq, n_head]; out32 [n_seq, n_head * d_v] gets
+  // bf16(y) as fp32 (out32 != nullptr; out unused).
+  const float* x32[6] = {};
+  float* out32 = nullptr;
   // Optional intermediates (nullptr: not written), fp32 [n_seq, ...] rows: the traced names of model/kda.cpp.
   float* q_out = nullptr;     // [n_seq, n_head * d_k] q^ = l2norm(q) d_k^-1/2
   float* k_out = nullptr;     // [n_seq, n_head * d_k] k^

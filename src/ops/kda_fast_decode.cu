@@ -348,7 +348,8 @@ Status kda_decode_fast_cuda(const KdaDecodeParams& p, GpuContext& g) {
   const bool traced = p.q_out || p.k_out || p.v_out || p.g_out || p.beta_out || p.o_out;
   if (forced < 0 && !traced && p.n_seq < kTmaMinSeq) return kda_decode_fast_cluster_cuda(p, g);
 #endif
-  const bool extended = p.S_seq || p.conv_seq || p.conv_w_k || p.softplus_gate || p.q_out || p.g_out || p.o_out;
+  const bool extended = p.S_seq || p.conv_seq || p.conv_w_k || p.softplus_gate || p.q_out || p.g_out ||
+                        p.o_out || p.S_inline[0] || p.x32[0] || p.out32;
   const bool tma = forced >= 0 ? forced == 1 : p.n_seq >= kTmaMinSeq;
   if (extended || tma) return kda_decode_fast_tma_cuda(p, g);
 #if KDA_DECODE_SPLIT

@@ -33,6 +33,7 @@
 
 #include "core/cuda_check.h"
 #include "ops/kda_fast.h"
+#include "ops/kda_fast_decode_io.cuh"
 
 namespace k3 {
 namespace {
@@ -208,25 +209,18 @@ __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(NT, KDA_DECODE_CL_M
     const int e = tid + NT * r, m = e / CH, ch = h * DK + int(rank) * CH + e % CH;
     if (e < 4 * CH) {
       if (m < 3)
-        cur[r] = p.qkv[(size_t(b) * 3 + m) * HK + ch];
+        cur[r] = kda_io::qkv(p, b, m, ch);
       else
-        fz[r] = bf16f(p.f[size_t(b) * HK + ch]);
+        fz[r] = kda_io::f(p, b, ch);
     }
   }
   float gt[OPL];
 #pragma unroll
   for (int k = 0; k < OPL; ++k)
-    gt[k] = warp == 0 && lane + 32 * k < NC ? bf16f(p.gate[size_t(b) * H * DV + h * DV + c0 + lane + 32 * k])
-                                            : 0.f;
-  const float blog = bf16f(p.b[size_t(b) * H + h]);
-  float* Sbase;
-  uint16_t* conv;
-  if (p.S_seq) {
-    Sbase = p.S_seq[b], conv = p.conv_seq[b];
-  } else {
-    const int slot = p.slot[b];
-    Sbase = p.S + size_t(slot) * H * DK * DV, conv = p.conv + size_t(slot) * 9 * HK;
-  }
+    gt[k] = warp == 0 && lane + 32 * k < NC ? kda_io::gate(p, b, h * DV + c0 + lane + 32 * k) : 0.f;
+  const float blog = kda_io::beta_logit(p, b, h);
+  float* Sbase = kda_io::state(p, b);
+  uint16_t* conv = kda_io::window(p, b);
   uint16_t win[NE][3];  // the window's few bytes before the state's 16 KB
 #pragma unroll
   for (int r = 0; r < NE; ++r) {
@@ -364,7 +358,7 @@ __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(NT, KDA_DECODE_CL_M
       const int j = lane + 32 * k;
       if (j < NC) {
         const float y = o[k] * rs * onw[k] * sigm(gt[k]);
-        p.out[size_t(b) * H * DV + h * DV + c0 + j] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
+        kda_io::store_out(p, b, h * DV + c0 + j, y);
       }
     }
   }

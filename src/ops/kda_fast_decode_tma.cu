@@ -25,6 +25,7 @@
 
 #include "core/cuda_check.h"
 #include "ops/kda_fast.h"
+#include "ops/kda_fast_decode_io.cuh"
 
 namespace k3 {
 namespace {
@@ -109,17 +110,17 @@ __device__ inline float2 prologue(const KdaDecodeParams& p, Smem& sm, int h, int
   float2 go = make_float2(0.f, 0.f);
   float fz = 0.f, A = 0.f, bl = 0.f;
   if (tid < DV) {
-    go.x = bf16f(p.gate[size_t(b) * H * DV + h * DV + tid]);
+    go.x = kda_io::gate(p, b, h * DV + tid);
     go.y = p.o_norm[tid];
-    fz = bf16f(p.f[size_t(b) * HK + h * DK + tid]) + p.dt_bias[h * DK + tid];
+    fz = kda_io::f(p, b, h * DK + tid) + p.dt_bias[h * DK + tid];
     A = __expf(p.A_log[h]);
-    if (tid == 64) bl = bf16f(p.b[size_t(b) * H + h]);
+    if (tid == 64) bl = kda_io::beta_logit(p, b, h);
   }
   for (int e = tid; e < 3 * DK; e += NT) {
     const int m = e / DK, c = e % DK, ch = h * DK + c;
     const float4 w = reinterpret_cast<const float4*>(conv_taps(p, m))[ch];
     uint16_t* win = conv + size_t(m) * 3 * HK + ch;
-    const uint16_t cur = p.qkv[(size_t(b) * 3 + m) * HK + ch];
+    const uint16_t cur = kda_io::qkv(p, b, m, ch);
     const uint16_t w0 = win[0], w1 = win[HK], w2 = win[2 * HK];
     sm.x[m][c] = conv_silu(w, w0, w1, w2, cur);
     win[0] = w1, win[HK] = w2, win[2 * HK] = cur;  // only this CTA touches these channels
@@ -141,11 +142,11 @@ __device__ inline void load_inputs(const KdaDecodeParams& p, int h, int b, const
   const int tid = threadIdx.x, H = p.n_head, HK = H * DK;
   in.go = make_float2(0.f, 0.f), in.fz = in.A = in.bl = 0.f;
   if (tid < DV) {
-    in.go.x = bf16f(p.gate[size_t(b) * H * DV + h * DV + tid]);
+    in.go.x = kda_io::gate(p, b, h * DV + tid);
     in.go.y = p.o_norm[tid];
-    in.fz = bf16f(p.f[size_t(b) * HK + h * DK + tid]) + p.dt_bias[h * DK + tid];
+    in.fz = kda_io::f(p, b, h * DK + tid) + p.dt_bias[h * DK + tid];
     in.A = __expf(p.A_log[h]);
-    if (tid == 64) in.bl = bf16f(p.b[size_t(b) * H + h]);
+    if (tid == 64) in.bl = kda_io::beta_logit(p, b, h);
   }
 #pragma unroll
   for (int r = 0; r < NE; ++r) {
@@ -154,7 +155,7 @@ __device__ inline void load_inputs(const KdaDecodeParams& p, int h, int b, const
     in.w[r] = reinterpret_cast<const float4*>(conv_taps(p, m))[ch];
     const uint16_t* win = conv + size_t(m) * 3 * HK + ch;
     in.win[r][0] = win[0], in.win[r][1] = win[HK], in.win[r][2] = win[2 * HK];
-    in.cur[r] = p.qkv[(size_t(b) * 3 + m) * HK + ch];
+    in.cur[r] = kda_io::qkv(p, b, m, ch);
   }
 }
 
@@ -189,17 +190,16 @@ __device__ inline void epilogue(const KdaDecodeParams& p, Smem& sm, int h, int b
   if (tid < DV) {
     const float ms = (sm.red[0][0][0] + sm.red[0][0][1] + sm.red[0][0][2] + sm.red[0][0][3]) / float(DV);
     const float y = o * rsqrtf(ms + p.eps) * go.y * sigm(go.x);
-    const size_t r = size_t(b) * H * DV + h * DV + tid;
-    p.out[r] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
-    if (p.o_out) p.o_out[r] = o;
+    kda_io::store_out(p, b, h * DV + tid, y);
+    if (p.o_out) p.o_out[size_t(b) * H * DV + h * DV + tid] = o;
   }
 }
 
 __device__ inline float* state_of(const KdaDecodeParams& p, int h, int b) {
-  return (p.S_seq ? p.S_seq[b] : p.S + size_t(p.slot[b]) * p.n_head * DK * DV) + size_t(h) * DK * DV;
+  return kda_io::state(p, b) + size_t(h) * DK * DV;
 }
 __device__ inline uint16_t* conv_of(const KdaDecodeParams& p, int b) {
-  return p.conv_seq ? p.conv_seq[b] : p.conv + size_t(p.slot[b]) * 9 * p.n_head * DK;
+  return kda_io::window(p, b);
 }
 
 // u = beta (v - S^T k) from the per-warp partials in red[0] (after a barrier), columns 4 lane .. + 3.

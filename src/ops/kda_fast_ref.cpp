@@ -63,9 +63,19 @@ Status kda_decode_fast_check(const KdaDecodeParams& p) {
     return error(Code::unsupported, what + "unsupported shape " + shape_of(p.n_head, p.d_k, p.d_v) +
                                         " (only d_k = d_v = 128; use kda_recurrent_cuda)");
   if (p.n_seq <= 0) return error(Code::invalid_argument, what + "bad batch n_seq=" + std::to_string(p.n_seq));
+  const bool inlined = p.S_inline[0] != nullptr;
+  if (inlined && p.n_seq > KdaDecodeParams::kKdaInlineSeq)
+    return error(Code::invalid_argument, what + "n_seq=" + std::to_string(p.n_seq) +
+                                             " sequences with inline " + "state pointers (at most " +
+                                             std::to_string(KdaDecodeParams::kKdaInlineSeq) + ")");
+  bool inline_ok = inlined;
+  for (int b = 0; inlined && b < p.n_seq; ++b) inline_ok = inline_ok && p.S_inline[b] && p.conv_inline[b];
   const bool per_seq = p.S_seq && p.conv_seq, slots = p.slot && p.S && p.conv;
-  if (!p.qkv || !p.conv_w || !p.f || !p.dt_bias || !p.A_log || !p.b || !p.gate || !p.o_norm || !p.out ||
-      !(per_seq || slots) || !p.conv_w_k != !p.conv_w_v)
+  const bool in16 = p.qkv && p.f && p.b && p.gate;
+  bool in32 = true;
+  for (const float* x : p.x32) in32 = in32 && x;
+  if (!(p.x32[0] ? in32 : in16) || !p.conv_w || !p.dt_bias || !p.A_log || !p.o_norm || !(p.out || p.out32) ||
+      !(inlined ? inline_ok : per_seq || slots) || !p.conv_w_k != !p.conv_w_v)
     return error(Code::invalid_argument,
                  what + "a required pointer is null (" + shape_of(p.n_head, p.d_k, p.d_v) + ")");
   return ok_status();
@@ -99,15 +109,27 @@ void kda_prefill_fast_ref(const KdaPrefillParams& p) {
 void kda_decode_fast_ref(const KdaDecodeParams& p) {
   const int H = p.n_head, K = p.d_k, V = p.d_v, HK = H * K;
   std::vector<double> S(size_t(K) * V), x(size_t(3) * HK), o(static_cast<size_t>(V));
+  // The inputs and output as kda_fast_decode_io.cuh reads them: bf16 arrays or fp32 rows (x32 / out32).
+  const bool f32 = p.x32[0] != nullptr;
+  auto qkv = [&](int b, int m, int c) {
+    return f32 ? f32_to_bf16(p.x32[m][size_t(b) * HK + c]) : p.qkv[(size_t(b) * 3 + m) * HK + c];
+  };
+  auto in = [&](const uint16_t* a16, const float* a32, size_t i) {
+    return f32 ? double(a32[i]) : bf(a16[i]);
+  };
   for (int b = 0; b < p.n_seq; ++b) {
-    const int slot = p.S_seq ? 0 : p.slot[b];
-    uint16_t* win = p.conv_seq ? p.conv_seq[b] : p.conv + size_t(slot) * 3 * 3 * HK;  // [3 (q,k,v)][3][HK]
+    const bool inlined = p.S_inline[0] != nullptr;
+    const int slot = p.S_seq || inlined ? 0 : p.slot[b];
+    float* Sb = inlined ? p.S_inline[b] : p.S_seq ? p.S_seq[b] : p.S + size_t(slot) * H * K * V;
+    uint16_t* win = inlined      ? p.conv_inline[b]  // [3 (q,k,v)][3][HK]
+                    : p.conv_seq ? p.conv_seq[b]
+                                 : p.conv + size_t(slot) * 3 * 3 * HK;
     // Short conv over the window + the current input, SiLU, bf16; then roll the window.
     for (int m = 0; m < 3; ++m)
       for (int c = 0; c < HK; ++c) {
         const float* w = (m == 0 || !p.conv_w_k ? p.conv_w + size_t(m) * HK * 4 : m == 1 ? p.conv_w_k : p.conv_w_v) +
                          size_t(c) * 4;
-        const uint16_t cur = p.qkv[(size_t(b) * 3 + m) * HK + c];
+        const uint16_t cur = qkv(b, m, c);
         uint16_t* wc = win + size_t(m) * 3 * HK + c;
         double y = double(w[3]) * bf(cur);
         for (int j = 0; j < 3; ++j) y += double(w[j]) * bf(wc[size_t(j) * HK]);
@@ -134,12 +156,13 @@ void kda_decode_fast_ref(const KdaDecodeParams& p) {
       std::vector<double> g(static_cast<size_t>(K));
       const double A = std::exp(double(p.A_log[h]));
       for (int a = 0; a < K; ++a) {
-        const double z = bf(p.f[size_t(b) * HK + size_t(h) * K + a]) + double(p.dt_bias[size_t(h) * K + a]);
+        const double z =
+            in(p.f, p.x32[3], size_t(b) * HK + size_t(h) * K + a) + double(p.dt_bias[size_t(h) * K + a]);
         g[size_t(a)] = p.softplus_gate ? -A * (z > 20 ? z : std::log1p(std::exp(z)))
                                        : double(p.g_lower) / (1.0 + std::exp(-A * z));
       }
-      const double beta = 1.0 / (1.0 + std::exp(-bf(p.b[size_t(b) * H + h])));
-      float* Sh = (p.S_seq ? p.S_seq[b] : p.S + size_t(slot) * H * K * V) + size_t(h) * K * V;
+      const double beta = 1.0 / (1.0 + std::exp(-in(p.b, p.x32[5], size_t(b) * H + h)));
+      float* Sh = Sb + size_t(h) * K * V;
       const size_t rk = size_t(b) * HK + size_t(h) * K;
       for (int a = 0; a < K; ++a) {  // the optional intermediates (v: V = K here)
         if (p.q_out) p.q_out[rk + a] = float(q[a]);
@@ -159,9 +182,13 @@ void kda_decode_fast_ref(const KdaDecodeParams& p) {
       }
       const double r = 1.0 / std::sqrt(ms / V + double(p.eps));
       for (int c = 0; c < V; ++c) {
-        const double gt = bf(p.gate[size_t(b) * H * V + size_t(h) * V + c]);
+        const size_t i = size_t(b) * H * V + size_t(h) * V + c;
+        const double gt = in(p.gate, p.x32[4], i);
         const double y = o[size_t(c)] * r * double(p.o_norm[c]) / (1.0 + std::exp(-gt));
-        p.out[size_t(b) * H * V + size_t(h) * V + c] = f32_to_bf16(float(y));
+        if (p.out32)
+          p.out32[i] = round_bf16(float(y));
+        else
+          p.out[i] = f32_to_bf16(float(y));
       }
     }
   }

@@ -8,6 +8,8 @@
 //   the recurrence; the gated RMSNorm written out). Two gates: K3's g = -5 sigmoid(exp(A_log) z) and KL's
 //   g = -exp(A_log) softplus(z) (softplus_gate). Outputs: out, every sequence's state and rolled conv window,
 //   and the intermediates q^, k^, v, g, o, beta. Two consecutive steps, 3 sequences, 2 heads of K = V = 128.
+// kda_fast_decode_rows: the fp32-row inputs and output, inline or tabled state pointers, also on the GPU
+//   (add_rows32 below).
 #include <cmath>
 #include <memory>
 
@@ -156,11 +158,124 @@ void add_ext(CaseList& cases, bool softplus) {
       }));
 }
 
+// kda_fast_decode_rows: the GPU model's decode-step form, on every backend: the inputs as fp32 rows (x32)
+// and y as fp32 (out32), the states behind inline pointers (S_inline) or a device table (S_seq). ref =
+// kda_decode_fast_ref, cpu = the composed step on the bf16 arrays holding the same values, cuda =
+// kda_decode_fast_cuda (the cluster kernel below 8 sequences). Outputs: y of two steps (the second reads
+// the window the first rolled) and the final states. K3 gate, 3 sequences, 2 heads.
+void add_rows32(CaseList& cases, bool inlined) {
+  auto e = std::make_shared<Ext>();
+  cases.push_back(std::make_unique<FnCase>(
+      "kda_fast_decode_rows",
+      std::string("n_seq=3 H=2 steps=2, fp32 rows, ") + (inlined ? "inline" : "table"), 1e-6,
+      [e](Rng& rng) {
+        auto bf = [&](size_t n, float sd) {
+          std::vector<float> x(n);
+          fill_normal(rng, x.data(), int64_t(n), sd);
+          std::vector<uint16_t> y(n);
+          for (size_t i = 0; i < n; ++i) y[i] = f32_to_bf16(x[i]);
+          return y;
+        };
+        auto fl = [&](size_t n, float sd) {
+          std::vector<float> x(n);
+          fill_normal(rng, x.data(), int64_t(n), sd);
+          return x;
+        };
+        for (int s = 0; s < 2; ++s) {
+          e->qkv[s] = bf(size_t(NS) * 3 * HK, 1.f), e->f[s] = bf(size_t(NS) * HK, 1.f);
+          e->b[s] = bf(size_t(NS) * H, 1.f), e->gate[s] = bf(size_t(NS) * HK, 1.f);
+        }
+        e->conv0 = bf(size_t(NS) * 9 * HK, 1.f);
+        e->wq = fl(size_t(HK) * 4, 0.5f), e->wk = fl(size_t(HK) * 4, 0.5f), e->wv = fl(size_t(HK) * 4, 0.5f);
+        e->dt_bias = fl(size_t(HK), 1.f), e->A_log = fl(size_t(H), 0.5f), e->o_norm = fl(size_t(D), 0.3f);
+        e->S0 = fl(size_t(NS) * H * D * D, 0.05f);
+      },
+      [e, inlined](Backend b, RunContext& ctx) {
+        float* out = ctx.out_f32(0, int64_t(NS) * HK * 2);
+        float* S = ctx.out_f32(1, int64_t(e->S0.size()));
+        std::copy(e->S0.begin(), e->S0.end(), S);
+        if (b == Backend::cpu) {
+          std::vector<uint16_t> conv = e->conv0;
+          std::vector<float> trace(size_t(NS) * (5 * HK + H));
+          for (int step = 0; step < 2; ++step)
+            composed(*e, step, out + size_t(step) * NS * HK, S, conv, trace.data());
+          return;
+        }
+        // x32 rows of one step: q~, k~, v~, f, gate [NS, HK], b [NS, H]
+        auto rows = [&](int step) {
+          std::vector<std::vector<float>> x(6);
+          for (int m = 0; m < 3; ++m)
+            for (int s = 0; s < NS; ++s)
+              for (int c = 0; c < HK; ++c)
+                x[size_t(m)].push_back(bf16_to_f32(e->qkv[step][(size_t(s) * 3 + size_t(m)) * HK + c]));
+          for (uint16_t v : e->f[step]) x[3].push_back(bf16_to_f32(v));
+          for (uint16_t v : e->gate[step]) x[4].push_back(bf16_to_f32(v));
+          for (uint16_t v : e->b[step]) x[5].push_back(bf16_to_f32(v));
+          return x;
+        };
+        auto params = [&](float* S_base, uint16_t* conv_base, const float* const* Sq,
+                          const uint16_t* const* Cq) {
+          KdaDecodeParams p;
+          p.n_seq = NS, p.n_head = H;
+          p.conv_w = e->wq.data(), p.conv_w_k = e->wk.data(), p.conv_w_v = e->wv.data();
+          p.dt_bias = e->dt_bias.data(), p.A_log = e->A_log.data(), p.o_norm = e->o_norm.data();
+          for (int s = 0; inlined && s < NS; ++s)
+            p.S_inline[s] = S_base + size_t(s) * H * D * D, p.conv_inline[s] = conv_base + size_t(s) * 9 * HK;
+          if (!inlined)
+            p.S_seq = const_cast<float* const*>(Sq), p.conv_seq = const_cast<uint16_t* const*>(Cq);
+          return p;
+        };
+        if (b == Backend::ref) {
+          std::vector<uint16_t> conv = e->conv0;
+          float* Sp[NS];
+          uint16_t* Cp[NS];
+          for (int s = 0; s < NS; ++s)
+            Sp[s] = S + size_t(s) * H * D * D, Cp[s] = conv.data() + size_t(s) * 9 * HK;
+          for (int step = 0; step < 2; ++step) {
+            const auto x = rows(step);
+            KdaDecodeParams p = params(S, conv.data(), Sp, Cp);
+            for (int m = 0; m < 6; ++m) p.x32[m] = x[size_t(m)].data();
+            p.out32 = out + size_t(step) * NS * HK;
+            K3_ASSERT(kda_decode_fast_check(p).ok());
+            kda_decode_fast_ref(p);
+          }
+          return;
+        }
+#ifdef K3_HAVE_CUDA
+        float* dS = ctx.dev_out_f32(1, int64_t(e->S0.size()));
+        float* dout = ctx.dev_out_f32(0, int64_t(NS) * HK * 2);
+        uint16_t* dconv = const_cast<uint16_t*>(ctx.dev_in(e->conv0));
+        std::vector<uint64_t> tab(size_t(2) * NS);
+        for (int s = 0; s < NS; ++s) {
+          tab[size_t(s)] = reinterpret_cast<uint64_t>(dS + size_t(s) * H * D * D);
+          tab[size_t(NS + s)] = reinterpret_cast<uint64_t>(dconv + size_t(s) * 9 * HK);
+        }
+        const uint64_t* dtab = ctx.dev_in(tab);
+        KdaDecodeParams p = params(dS, dconv, reinterpret_cast<const float* const*>(dtab),
+                                   reinterpret_cast<const uint16_t* const*>(dtab + NS));
+        p.conv_w = ctx.dev_in(e->wq), p.conv_w_k = ctx.dev_in(e->wk), p.conv_w_v = ctx.dev_in(e->wv);
+        p.dt_bias = ctx.dev_in(e->dt_bias), p.A_log = ctx.dev_in(e->A_log), p.o_norm = ctx.dev_in(e->o_norm);
+        KdaDecodeParams ps[2] = {p, p};
+        for (int step = 0; step < 2; ++step) {
+          const auto x = rows(step);
+          for (int m = 0; m < 6; ++m) ps[step].x32[m] = ctx.dev_in(x[size_t(m)]);
+          ps[step].out32 = dout + size_t(step) * NS * HK;
+        }
+        ctx.gpu_run([&] {
+          for (const KdaDecodeParams& q : ps) K3_ASSERT(kda_decode_fast_cuda(q, *ctx.gpu).ok());
+        });
+#endif
+      },
+      false, 0, 0, kCudaBuilt));
+}
+
 }  // namespace
 
 K3_OP_CASES(kda_decode_ext_cases) {
   add_ext(cases, false);
   add_ext(cases, true);
+  add_rows32(cases, true);
+  add_rows32(cases, false);
 }
 
 }  // namespace k3::opt
