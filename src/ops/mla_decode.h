@@ -8,7 +8,8 @@
 //                                                             is already written: causal = the whole prefix)
 //   out[b, h, :]   = sum_t softmax(s)_t * c_t                                    fp32, 512 wide (the caller
 //                                                             applies W_UV afterwards)
-// fp32 accumulation; the CUDA tensor-core path also rounds the softmax weights to bf16 (NMSE ~1e-6).
+// fp32 accumulation; the CUDA tensor-core path also rounds the softmax weights to bf16 (NMSE ~1e-6) unless
+// exact_p is set.
 // Shapes: q [n_seq, n_head, 576], out [n_seq, n_head, 512], ctx_len [n_seq] (1 <= ctx_len[b] <= max_ctx
 // <= max_pages * P), block_table [n_seq, max_pages] page indices into cache [n_pages, P, 576] (entries past
 // a sequence's last page are never read).
@@ -45,6 +46,11 @@ struct MlaDecodeParams {
   float scale = 1.f;
   float* out = nullptr;  // [n_seq, n_head, 512]
   int n_split = 0;       // cuda: kv splits per sequence, 0 = chosen from the SM count and max_ctx
+  // cuda: keep the softmax weights exact (fp32, as the reference and model/mla.cpp's attention_cpu) in P V
+  // instead of rounding them to bf16: the mma.sync kernel splits P into three bf16 pieces (exact) and runs
+  // three MMAs; mla_decode_cuda then always takes that kernel (the wgmma one has no shared memory left for
+  // the pieces; the CUDA-core kernel keeps fp32 weights anyway).
+  bool exact_p = false;
 };
 
 // Shape checks only (no pointer is dereferenced, so it serves device params too).
@@ -58,7 +64,7 @@ void mla_decode_ref(const MlaDecodeParams& p);
 // it fits). Picks the sm_90a warpgroup-MMA kernel when the step reads at least 16K cache rows (n_seq x
 // max_ctx), else the mma.sync one (both checked and timed on the H200); K3_MLA_KERNEL=mma|wgmma forces one.
 void mla_decode_cuda(const MlaDecodeParams& p, GpuContext& g);
-// The sm_90a warpgroup-MMA kernel (64 heads a CTA) explicitly.
+// The sm_90a warpgroup-MMA kernel (64 heads a CTA) explicitly (not with exact_p).
 void mla_decode_cuda_wgmma(const MlaDecodeParams& p, GpuContext& g);
 // The same contract on plain CUDA cores (no tensor cores): the slower cross-check of mla_decode_cuda.
 void mla_decode_cuda_simple(const MlaDecodeParams& p, GpuContext& g);

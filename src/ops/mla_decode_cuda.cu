@@ -220,10 +220,11 @@ size_t mla_decode_workspace_bytes(const MlaDecodeParams& p, int n_split) {
 }
 
 void mla_decode_cuda(const MlaDecodeParams& p, GpuContext& g) {
-  run_split(p, g, use_wgmma_kernel(p));
+  run_split(p, g, use_wgmma_kernel(p) && !p.exact_p);  // exact_p: the mma.sync kernel only (mla_decode.h)
 }
 
 void mla_decode_cuda_wgmma(const MlaDecodeParams& p, GpuContext& g) {
+  K3_ASSERT(!p.exact_p);  // the wgmma kernel rounds P to bf16
   run_split(p, g, true);
 }
 

@@ -6,6 +6,10 @@
 //   S = Q (32 x 576) K^T (576 x 64): warp w -> head tile w/4, tokens 16 (w%4) .. +16, mma m16n8k16 bf16.
 //   softmax over the tile in shared memory (8 threads a row), P rounded to bf16.
 //   O += P (32 x 64) V (64 x 512): warp w -> head tile w/4, dims 128 (w%4) .. +128 (64 fp32 accumulators).
+// exact_p (mla_decode.h): P is kept exact instead, as three bf16 pieces P = P_hi + P_mid + P_lo (3 x 8
+// significant bits hold fp32's 24, every piece an exact difference), and O += P_hi V + P_mid V + P_lo V:
+// three P V MMAs where one ran (264 MMAs a warp per tile instead of 136; not timed yet) and 9 KiB more
+// shared memory.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -20,9 +24,13 @@ constexpr int kStride = kMlaRow + 8;  // padded smem row (bf16): 1168 B, ldmatri
 constexpr int kMmaThreads = 256;
 constexpr int kPStride = kTile + 8;  // bf16 P row
 constexpr int kSStride = kTile + 4;  // fp32 S row
-constexpr size_t kMmaSmem = size_t(kMmaHeads) * kStride * 2 + size_t(2) * kTile * kStride * 2 +
-                            size_t(kMmaHeads) * kSStride * 4 + size_t(kMmaHeads) * kPStride * 2 +
-                            size_t(3) * kMmaHeads * 4;
+// kPieces bf16 P blocks: 1 (P rounded to bf16) or 3 (exact_p: hi, mid, lo)
+constexpr size_t mma_smem(int pieces) {
+  return size_t(kMmaHeads) * kStride * 2 + size_t(2) * kTile * kStride * 2 +
+         size_t(kMmaHeads) * kSStride * 4 + size_t(pieces) * kMmaHeads * kPStride * 2 +
+         size_t(3) * kMmaHeads * 4;
+}
+static_assert(mma_smem(3) <= 227 * 1024, "one CTA per SM");
 
 // Issues cp.async for tile [t0, t0 + kTile) of sequence b into rows (zeros past t_end). Thread -> token
 // tid / 4 (one block-table read), 16-byte chunks tid % 4 + 4 i: four threads cover 64 contiguous bytes.
@@ -44,14 +52,16 @@ __device__ __forceinline__ void load_tile(const MlaDecodeParams& p, int b, int t
   cp_async_commit();
 }
 
+template <int kPieces>
 __global__ void __launch_bounds__(kMmaThreads, 1)
     mla_split_mma(MlaDecodeParams p, int n_split, int split_len, float* part_o, float* part_ml) {
+  static_assert(kPieces == 1 || kPieces == 3, "P rounded to bf16, or exact in three pieces");
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* q_s = reinterpret_cast<uint16_t*>(smem);                        // [32][kStride]
   uint16_t* k_s = q_s + kMmaHeads * kStride;                                // [2][64][kStride]
   float* s_s = reinterpret_cast<float*>(k_s + 2 * kTile * kStride);         // [32][kSStride]
-  uint16_t* p_s = reinterpret_cast<uint16_t*>(s_s + kMmaHeads * kSStride);  // [32][kPStride]
-  float* m_s = reinterpret_cast<float*>(p_s + kMmaHeads * kPStride);        // [32] running max
+  uint16_t* p_s = reinterpret_cast<uint16_t*>(s_s + kMmaHeads * kSStride);  // [kPieces][32][kPStride]
+  float* m_s = reinterpret_cast<float*>(p_s + kPieces * kMmaHeads * kPStride);  // [32] running max
   float* l_s = m_s + kMmaHeads;                                             // [32] running sum
   float* a_s = l_s + kMmaHeads;                                             // [32] rescale of this tile
 
@@ -121,9 +131,20 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       float sum = 0.f;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const __nv_bfloat16 pb = __float2bfloat16_rn(__expf(v[i] - m_new));
-        sum += __bfloat162float(pb);
-        reinterpret_cast<__nv_bfloat16*>(p_s)[r * kPStride + j * 8 + i] = pb;
+        const float e = __expf(v[i] - m_new);
+        const __nv_bfloat16 pb = __float2bfloat16_rn(e);
+        __nv_bfloat16* pp = reinterpret_cast<__nv_bfloat16*>(p_s) + r * kPStride + j * 8 + i;
+        pp[0] = pb;
+        if constexpr (kPieces ==
+                      3) {  // e = hi + mid + lo exactly; the sum is the fp32 one, as attention_cpu's
+          const float r1 = e - __bfloat162float(pb);  // exact (Sterbenz), <= 16 significant bits
+          const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
+          pp[kMmaHeads * kPStride] = mid;
+          pp[2 * kMmaHeads * kPStride] = __float2bfloat16_rn(r1 - __bfloat162float(mid));  // <= 8 bits: exact
+          sum += e;
+        } else {
+          sum += __bfloat162float(pb);
+        }
       }
       for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
       __syncwarp();
@@ -142,14 +163,18 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
           smem_addr(rows + ((lane & 7) + ((lane >> 3) & 1) * 8) * kStride + wq * 128 + (lane >> 4) * 8);
 #pragma unroll
       for (int kk = 0; kk < kTile / 16; ++kk) {
-        uint32_t a[4];
-        ldsm_x4(pa + kk * 32, a);
+        uint32_t a[kPieces][4];
+#pragma unroll
+        for (int pc = 0; pc < kPieces; ++pc) ldsm_x4(pa + pc * (kMmaHeads * kPStride * 2) + kk * 32, a[pc]);
 #pragma unroll
         for (int jp = 0; jp < 8; ++jp) {
           uint32_t bb[4];
           ldsm_x4_trans(va + (kk * 16 * kStride + jp * 16) * 2, bb);
-          mma_bf16(acc[2 * jp], a, bb[0], bb[1]);
-          mma_bf16(acc[2 * jp + 1], a, bb[2], bb[3]);
+#pragma unroll
+          for (int pc = kPieces - 1; pc >= 0; --pc) {  // smallest piece first
+            mma_bf16(acc[2 * jp], a[pc], bb[0], bb[1]);
+            mma_bf16(acc[2 * jp + 1], a[pc], bb[2], bb[3]);
+          }
         }
       }
     }
@@ -171,19 +196,28 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   }
 }
 
-}  // namespace
-
-void launch_split_mma(const MlaDecodeParams& p, const Split& s, float* part_o, float* part_ml,
-                      cudaStream_t st) {
+template <int kPieces>
+void launch_pieces(const MlaDecodeParams& p, const Split& s, float* part_o, float* part_ml, cudaStream_t st) {
   static const bool attr = [] {
-    K3_CUDA_ASSERT(
-        cudaFuncSetAttribute(mla_split_mma, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMmaSmem)));
+    K3_CUDA_ASSERT(cudaFuncSetAttribute(mla_split_mma<kPieces>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(mma_smem(kPieces))));
     return true;
   }();
   (void)attr;
   const dim3 grid((p.n_head + kMmaHeads - 1) / kMmaHeads, s.n_split, p.n_seq);
-  mla_split_mma<<<grid, kMmaThreads, kMmaSmem, st>>>(p, s.n_split, s.split_len, part_o, part_ml);
+  mla_split_mma<kPieces>
+      <<<grid, kMmaThreads, mma_smem(kPieces), st>>>(p, s.n_split, s.split_len, part_o, part_ml);
   K3_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void launch_split_mma(const MlaDecodeParams& p, const Split& s, float* part_o, float* part_ml,
+                      cudaStream_t st) {
+  if (p.exact_p)
+    launch_pieces<3>(p, s, part_o, part_ml, st);
+  else
+    launch_pieces<1>(p, s, part_o, part_ml, st);
 }
 
 }  // namespace k3::mla_detail

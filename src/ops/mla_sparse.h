@@ -7,8 +7,12 @@
 // [n_q or 1, max_pages], cache bf16 [n_pages, P, 576].
 //
 // CUDA: one gather kernel copies each query's selected rows into scratch (a private page of topk rows per
-// query) and counts them, then ops/mla_decode.h's tensor-core split-KV kernel runs over those pages with
-// ctx_len = |S_i|. Cost per query: |S_i| * 1152 bytes read twice and written once, flat in the context.
+// query) and counts them, then ops/mla_decode.h's tensor-core split-KV kernel (mma.sync) runs over those
+// pages with ctx_len = |S_i| and exact_p: the softmax weights stay fp32 in P V, as in the reference and in
+// model/mla.cpp (attention_cpu), whose rounding points the bf16 model must share. (With P rounded to bf16,
+// the plain decode kernels' choice, the tiny-k3-mla top-8 DSA layer test missed its 1e-4 bound: moe_routed
+// 1.48e-4, reproduced on the host by rounding attention_cpu's weights alone.) Cost per query: |S_i| * 1152
+// bytes read twice and written once, flat in the context.
 // Everything stays on the device (CUDA-graph safe); scratch = mla_sparse_scratch_bytes, and g.workspace
 // serves mla_decode_cuda as usual.
 #pragma once
@@ -37,7 +41,8 @@ struct MlaSparseParams {
 };
 
 Status mla_sparse_check(const MlaSparseParams& p);
-// fp64 reference (gathers on the host, then mla_decode_ref); checks every selected position's page.
+// fp64 reference (gathers on the host, then mla_decode_ref: unrounded softmax weights, the contract the
+// CUDA op meets with exact_p); checks every selected position's page.
 void mla_sparse_ref(const MlaSparseParams& p);
 size_t mla_sparse_scratch_bytes(int n_q, int topk);
 void mla_sparse_cuda(const MlaSparseParams& p, GpuContext& g);

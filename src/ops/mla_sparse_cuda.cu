@@ -51,6 +51,7 @@ void mla_sparse_cuda(const MlaSparseParams& p, GpuContext& g) {
   d.n_seq = p.n_q, d.n_head = p.n_head, d.page_size = p.topk, d.max_pages = 1, d.n_pages = p.n_q;
   d.max_ctx = p.topk, d.ctx_len = len, d.block_table = table, d.cache = rows, d.q = p.q, d.scale = p.scale;
   d.out = p.out;
+  d.exact_p = true;  // fp32 softmax weights, as model/mla.cpp (mla_sparse.h)
   mla_decode_cuda(d, g);
 }
 
