@@ -21,6 +21,7 @@
 // (6 bytes an element more than the kernel's 2): a bf16 paged cache in the GPU state removes that.
 #include <cmath>
 #include <cstdlib>
+#include <type_traits>
 
 #include "core/env.h"
 #include "gpu/blocks_gpu.cuh"
@@ -110,6 +111,132 @@ __global__ void expand_z_kernel(float* z, const float* zh, const TW* kvb, int64_
     acc = cuda_ops::warp_sum(acc);
     if (lane == 0) z[(t * nh + h) * dv + d] = acc;
   }
+}
+
+// ---- the same two products on 16-byte loads of the bf16 kv_b_proj (session 10; K3 / KL shapes) ----
+// Both kernels above issue 2-byte loads (a warp moves 64 bytes an instruction) and reach ~0.28 of copy at
+// batch 1 (session 9's ncu: 10.3 / 10.5 us for 12.6 MB each). Here every lane loads 8 columns at once.
+
+__device__ __forceinline__ void bf16x8(const uint4& u, float (&f)[8]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+}
+
+// absorb_q_kernel's product: block (h, 256 columns j), 8 warps splitting dn into runs of dn / 8 rows a, lane
+// l owning columns j0 + 8 l ..; the rows' weights are loaded once, up front, and kept in registers across the
+// tokens; the warps' partial sums add in warp order through shared memory. The rope part is copied by the
+// blocks of the first column group. Serves R % 256 == 0, dn % 8 == 0, dn <= 8 kVecRows (vec_fits).
+constexpr int kVecWarps = 8, kVecRows = 16;
+__global__ void __launch_bounds__(kVecWarps * 32)
+    absorb_q_vec_kernel(float* qh, const float* q, const uint16_t* kvb, int64_t n_tok, int nh, int dn, int dr,
+                        int R, int wkv, bool round) {
+  __shared__ __align__(16) float part[kVecWarps][256];
+  const int h = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32, per = dn / kVecWarps;
+  const int j0 = int(blockIdx.y) * 256, dqk = dn + dr, dl = R + dr;
+  const uint16_t* W = kvb + (int64_t(h) * wkv + warp * per) * R + j0 + 8 * lane;  // W_UK[h, a, j]
+  uint4 w[kVecRows];
+#pragma unroll
+  for (int i = 0; i < kVecRows; ++i)
+    if (i < per) w[i] = __ldg(reinterpret_cast<const uint4*>(W + int64_t(i) * R));
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const float* qn = q + (t * nh + h) * dqk;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < kVecRows; ++i) {
+      if (i >= per) break;
+      const float qa = qn[warp * per + i];
+      float f[8];
+      bf16x8(w[i], f);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[k] += qa * f[k];
+    }
+    float4* pw = reinterpret_cast<float4*>(&part[warp][8 * lane]);
+    pw[0] = make_float4(acc[0], acc[1], acc[2], acc[3]), pw[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    __syncthreads();
+    float* out = qh + (t * nh + h) * dl;
+    const int c = threadIdx.x;
+    float v = part[0][c];
+#pragma unroll
+    for (int k = 1; k < kVecWarps; ++k) v += part[k][c];
+    out[j0 + c] = round ? cuda_ops::round_bf16_dev(v) : v;
+    if (blockIdx.y == 0)
+      for (int e = threadIdx.x; e < dr; e += blockDim.x) {
+        const float r = qn[dn + e];
+        out[R + e] = round ? cuda_ops::round_bf16_dev(r) : r;
+      }
+    __syncthreads();  // part is rewritten by the next token
+  }
+}
+
+// expand_z_kernel's product: one warp per (h, d) row, lane l holding columns 8 l + 256 i (i < R / 256) of
+// W_UV[h, d, :] in registers across the tokens. Serves R % 256 == 0, R <= 512.
+constexpr int kVecExpand = 2;
+__global__ void expand_z_vec_kernel(float* z, const float* zh, const uint16_t* kvb, int64_t n_tok, int nh,
+                                    int dn, int dv, int R, int wkv) {
+  k3::cuda_ops::pdl_launch_dependents();  // the next kernel (a GEMV) may start fetching weights
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;  // h * dv + d
+  const int lane = threadIdx.x & 31, nv = R / 256;
+  if (row >= int64_t(nh) * dv) return;
+  const int h = int(row / dv), d = int(row % dv);
+  const uint16_t* Wuv = kvb + (int64_t(h) * wkv + dn + d) * R + 8 * lane;
+  uint4 w[kVecExpand];
+#pragma unroll
+  for (int i = 0; i < kVecExpand; ++i)
+    if (i < nv) w[i] = __ldg(reinterpret_cast<const uint4*>(Wuv + 256 * i));
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const float* zt = zh + (t * nh + h) * R + 8 * lane;
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < kVecExpand; ++i) {
+      if (i >= nv) break;
+      float f[8];
+      bf16x8(w[i], f);
+      const float4 z0 = *reinterpret_cast<const float4*>(zt + 256 * i);
+      const float4 z1 = *reinterpret_cast<const float4*>(zt + 256 * i + 4);
+      acc += f[0] * z0.x + f[1] * z0.y + f[2] * z0.z + f[3] * z0.w + f[4] * z1.x + f[5] * z1.y + f[6] * z1.z +
+             f[7] * z1.w;
+    }
+    acc = cuda_ops::warp_sum(acc);
+    if (lane == 0) z[(t * nh + h) * dv + d] = acc;
+  }
+}
+
+// The vector kernels' shapes (K3, K3.1, Kimi Linear: R = 512, dn = 128); K3_MLA_VEC=0 keeps the scalar ones.
+bool vec_fits(int R, int dn) {
+  static const bool on = env_switch("K3_MLA_VEC", true);
+  return on && R % 256 == 0 && R <= 256 * kVecExpand && dn % kVecWarps == 0 && dn <= kVecWarps * kVecRows;
+}
+
+// q^ rows [n_tok, nh, dl] from q rows [n_tok, nh, dqk] (absorb_q_*_kernel).
+template <class TW>
+void absorb_q(const GpuCtx& c, float* qh, const float* q, const TW* kvb, int64_t n_tok, int nh, int dn,
+              int dr, int R, int wkv) {
+  if constexpr (std::is_same_v<TW, uint16_t>) {
+    if (vec_fits(R, dn)) {
+      absorb_q_vec_kernel<<<dim3(unsigned(nh), unsigned(R / 256)), kVecWarps * 32, 0, c.stream()>>>(
+          qh, q, kvb, n_tok, nh, dn, dr, R, wkv, c.bf16());
+      return;
+    }
+  }
+  absorb_q_kernel<<<dim3(unsigned(nh), unsigned((R + dr + 63) / 64)), 256, 0, c.stream()>>>(
+      qh, q, kvb, n_tok, nh, dn, dr, R, wkv, c.bf16());
+}
+
+// z rows [n_tok, nh, dv] from z^ rows [n_tok, nh, R] (expand_z_*_kernel).
+template <class TW>
+void expand_z(const GpuCtx& c, float* z, const float* zh, const TW* kvb, int64_t n_tok, int nh, int dn,
+              int dv, int R, int wkv) {
+  if constexpr (std::is_same_v<TW, uint16_t>) {
+    if (vec_fits(R, dn)) {
+      expand_z_vec_kernel<<<blocks_for(int64_t(nh) * dv * 32), kThreads, 0, c.stream()>>>(z, zh, kvb, n_tok,
+                                                                                          nh, dn, dv, R, wkv);
+      return;
+    }
+  }
+  expand_z_kernel<<<blocks_for(int64_t(nh) * dv * 32), kThreads, 0, c.stream()>>>(z, zh, kvb, n_tok, nh, dn,
+                                                                                  dv, R, wkv);
 }
 
 // ctx_len[t] = n0 + t + 1 (t < n_tok); table[t, j] = j (j < n_pages): every query row shares the pages.
@@ -252,8 +379,11 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
   c.cb("mla_q", layer, q.f(), n_tok * nh * dqk);
   c.cb("mla_latent", layer, kv.f(), n_tok * dl);
 
-  bool any_abs = false;
-  for (const MlaSeqGpu& s : seqs) any_abs = any_abs || (s.absorbed && s.n_tok > 0);
+  bool any_abs = false, all_abs = true;
+  for (const MlaSeqGpu& s : seqs) {
+    any_abs = any_abs || (s.absorbed && s.n_tok > 0);
+    all_abs = all_abs && (s.absorbed || s.n_tok <= 0);
+  }
   DevBuf qh, zh;
   if (any_abs) {
     K3_RETURN_IF_ERROR(qh.alloc(c, n_tok * nh * dl));
@@ -276,6 +406,10 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
   // softmax weights to bf16, which model/mla.cpp does not; the op now keeps them exact (exact_p).
   const bool sparse_mla =
       env_switch("K3_DSA_SPARSE_MLA", true) && c.bf16() && R == kMlaLatent && dr == kMlaRope;
+  all_abs = all_abs && any_abs;
+  if (all_abs)  // a decode step: W_UK read once for every sequence's rows; bf16 mode: q^ in bf16
+                // (model/mla.cpp)
+    with_kvb([&](auto kvb) { absorb_q(c, qh.f(), q.f(), kvb, n_tok, nh, dn, dr, R, wkv); });
   for (const MlaSeqGpu& s : seqs) {
     if (s.n_tok <= 0) continue;
     MlaStateGpu& st = *s.st;
@@ -322,10 +456,9 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
     // MQA over the latent rows: k = [c | r], v = c.
     float* qs = qh.f() + s.row0 * nh * dl;
     float* zs = zh.f() + s.row0 * nh * R;
-    with_kvb([&](auto kvb) {  // bf16 mode: q^ in bf16 (model/mla.cpp)
-      absorb_q_kernel<<<dim3(unsigned(nh), unsigned((dl + 63) / 64)), 256, 0, c.stream()>>>(
-          qs, q.f() + s.row0 * nh * dqk, kvb, s.n_tok, nh, dn, dr, R, wkv, c.bf16());
-    });
+    if (!all_abs)  // bf16 mode: q^ in bf16 (model/mla.cpp)
+      with_kvb(
+          [&](auto kvb) { absorb_q(c, qs, q.f() + s.row0 * nh * dqk, kvb, s.n_tok, nh, dn, dr, R, wkv); });
     if (fast_decode && !sparse) {
       K3_RETURN_IF_ERROR(decode_fast(c, qs, st, s.n_tok, s.n_past, nh, scale, zs));
     } else if (sparse_mla && sparse) {
@@ -339,11 +472,12 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
       p.out = zs;
       attention_cuda(p, *c.g);
     }
-    with_kvb([&](auto kvb) {
-      expand_z_kernel<<<blocks_for(int64_t(nh) * dv * 32), kThreads, 0, c.stream()>>>(
-          z.f() + s.row0 * nh * dv, zs, kvb, s.n_tok, nh, dn, dv, R, wkv);
-    });
+    if (!all_abs)
+      with_kvb(
+          [&](auto kvb) { expand_z(c, z.f() + s.row0 * nh * dv, zs, kvb, s.n_tok, nh, dn, dv, R, wkv); });
   }
+  if (all_abs)  // a decode step: W_UV read once for every sequence's rows
+    with_kvb([&](auto kvb) { expand_z(c, z.f(), zh.f(), kvb, n_tok, nh, dn, dv, R, wkv); });
   c.rnd(z.f(), n_tok * nh * dv);
   c.cb("mla_z", layer, z.f(), n_tok * nh * dv);
   if (m.use_output_gate) {
