@@ -86,33 +86,37 @@ void composed(const Ext& e, int step, float* out, float* S, std::vector<uint16_t
   }
 }
 
+// Random inputs of both case kinds: bf16 projections of two steps, windows, fp32 taps, gate and norm
+// parameters, states.
+void fill(Ext& e, Rng& rng) {
+  auto fl = [&](size_t n, float sd) {
+    std::vector<float> x(n);
+    fill_normal(rng, x.data(), int64_t(n), sd);
+    return x;
+  };
+  auto bf = [&](size_t n, float sd) {
+    std::vector<float> x = fl(n, sd);
+    std::vector<uint16_t> y(n);
+    for (size_t i = 0; i < n; ++i) y[i] = f32_to_bf16(x[i]);
+    return y;
+  };
+  for (int s = 0; s < 2; ++s) {
+    e.qkv[s] = bf(size_t(NS) * 3 * HK, 1.f), e.f[s] = bf(size_t(NS) * HK, 1.f);
+    e.b[s] = bf(size_t(NS) * H, 1.f), e.gate[s] = bf(size_t(NS) * HK, 1.f);
+  }
+  e.conv0 = bf(size_t(NS) * 9 * HK, 1.f);
+  e.wq = fl(size_t(HK) * 4, 0.5f), e.wk = fl(size_t(HK) * 4, 0.5f), e.wv = fl(size_t(HK) * 4, 0.5f);
+  e.dt_bias = fl(size_t(HK), 1.f), e.A_log = fl(size_t(H), 0.5f), e.o_norm = fl(size_t(D), 0.3f);
+  e.S0 = fl(size_t(NS) * H * D * D, 0.05f);
+}
+
 void add_ext(CaseList& cases, bool softplus) {
   auto e = std::make_shared<Ext>();
   e->softplus = softplus;
   cases.push_back(std::make_unique<FnCase>(
       "kda_fast_decode_ext",
       std::string(softplus ? "KL gate" : "K3 gate") + " n_seq=3 H=2 steps=2, per-seq state", 1e-6,
-      [e](Rng& rng) {
-        auto fl = [&](size_t n, float sd) {
-          std::vector<float> x(n);
-          fill_normal(rng, x.data(), int64_t(n), sd);
-          return x;
-        };
-        auto bf = [&](size_t n, float sd) {
-          std::vector<float> x = fl(n, sd);
-          std::vector<uint16_t> y(n);
-          for (size_t i = 0; i < n; ++i) y[i] = f32_to_bf16(x[i]);
-          return y;
-        };
-        for (int s = 0; s < 2; ++s) {
-          e->qkv[s] = bf(size_t(NS) * 3 * HK, 1.f), e->f[s] = bf(size_t(NS) * HK, 1.f);
-          e->b[s] = bf(size_t(NS) * H, 1.f), e->gate[s] = bf(size_t(NS) * HK, 1.f);
-        }
-        e->conv0 = bf(size_t(NS) * 9 * HK, 1.f);
-        e->wq = fl(size_t(HK) * 4, 0.5f), e->wk = fl(size_t(HK) * 4, 0.5f), e->wv = fl(size_t(HK) * 4, 0.5f);
-        e->dt_bias = fl(size_t(HK), 1.f), e->A_log = fl(size_t(H), 0.5f), e->o_norm = fl(size_t(D), 0.3f);
-        e->S0 = fl(size_t(NS) * H * D * D, 0.05f);
-      },
+      [e](Rng& rng) { fill(*e, rng); },
       [e](Backend b, RunContext& ctx) {
         float* out = ctx.out_f32(0, int64_t(NS) * HK * 2);
         float* S = ctx.out_f32(1, int64_t(e->S0.size()));
@@ -168,28 +172,7 @@ void add_rows32(CaseList& cases, bool inlined) {
   cases.push_back(std::make_unique<FnCase>(
       "kda_fast_decode_rows",
       std::string("n_seq=3 H=2 steps=2, fp32 rows, ") + (inlined ? "inline" : "table"), 1e-6,
-      [e](Rng& rng) {
-        auto bf = [&](size_t n, float sd) {
-          std::vector<float> x(n);
-          fill_normal(rng, x.data(), int64_t(n), sd);
-          std::vector<uint16_t> y(n);
-          for (size_t i = 0; i < n; ++i) y[i] = f32_to_bf16(x[i]);
-          return y;
-        };
-        auto fl = [&](size_t n, float sd) {
-          std::vector<float> x(n);
-          fill_normal(rng, x.data(), int64_t(n), sd);
-          return x;
-        };
-        for (int s = 0; s < 2; ++s) {
-          e->qkv[s] = bf(size_t(NS) * 3 * HK, 1.f), e->f[s] = bf(size_t(NS) * HK, 1.f);
-          e->b[s] = bf(size_t(NS) * H, 1.f), e->gate[s] = bf(size_t(NS) * HK, 1.f);
-        }
-        e->conv0 = bf(size_t(NS) * 9 * HK, 1.f);
-        e->wq = fl(size_t(HK) * 4, 0.5f), e->wk = fl(size_t(HK) * 4, 0.5f), e->wv = fl(size_t(HK) * 4, 0.5f);
-        e->dt_bias = fl(size_t(HK), 1.f), e->A_log = fl(size_t(H), 0.5f), e->o_norm = fl(size_t(D), 0.3f);
-        e->S0 = fl(size_t(NS) * H * D * D, 0.05f);
-      },
+      [e](Rng& rng) { fill(*e, rng); },
       [e, inlined](Backend b, RunContext& ctx) {
         float* out = ctx.out_f32(0, int64_t(NS) * HK * 2);
         float* S = ctx.out_f32(1, int64_t(e->S0.size()));
