@@ -10,7 +10,8 @@
 #      K3 slice's GPU = CPU checks and decode timings at T = 4K with it and without it;
 #   6. envcmp: the K3 slice's decode timings at B = 1 / 64, T = 4K under each setting of ENVS (e.g.
 #      ENVS="K3_PDL=0 K3_PDL=1,K3_X=2"; a comma joins the settings of one run), one after the other in the
-#      same call; ENVCHECK=1 adds the GPU = CPU checks;
+#      same call; ENVCHECK=1 adds the GPU = CPU checks, ENVCMP31=1 adds the K3.1 slice;
+#      tests_env: the *Gpu* tests again under each setting of TEST_ENVS;
 #   7. ncu_step: Nsight Compute over one eager K3 decode step (bench_slice --profile-step) at B = 1 and 64,
 #      T = 4K: every kernel's time and DRAM bytes, summed by kernel (scripts/device/ncu_step.py).
 # Writes $OUT/validate/run.log, tests.log (the whole k3_tests output) and slice.jsonl.
@@ -46,7 +47,7 @@ trap 'rm -rf "$S"' EXIT
 trap 'rm -rf "$S"; exit 124' TERM INT
 t0=$SECONDS
 el() { echo "t=$((SECONDS - t0)) s"; }
-STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests kda ops slice31 slice mla fused envcmp ncu_step
+STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests tests_env kda ops slice31 slice mla fused envcmp ncu_step
 on() { [[ " $STEPS " == *" $1 "* ]]; }
 {
   echo "commit $(cat "$B/COMMIT" 2>/dev/null), steps: ${STEPS}"
@@ -54,6 +55,15 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
     echo "== k3_tests *Gpu* ($(el))"
     timeout 60 "$B/k3_tests" --gtest_filter='*Gpu*' >"$out/tests.log" 2>&1
     grep -E '^\[  (PASSED|FAILED) |^\[  FAILED  \]|Failure|actual|assert' "$out/tests.log" | tail -30  # all: tests.log
+  fi
+  if on tests_env; then  # the GPU tests again under each setting of TEST_ENVS (a comma joins one run's settings)
+    i=0
+    for e in ${TEST_ENVS:-}; do
+      i=$((i + 1))
+      echo "== k3_tests *Gpu*, $e ($(el))"
+      env ${e//,/ } timeout 60 "$B/k3_tests" --gtest_filter='*Gpu*' >"$out/tests_env$i.log" 2>&1
+      grep -E '^\[  (PASSED|FAILED) |^\[  FAILED  \]|Failure|actual|assert' "$out/tests_env$i.log" | tail -30
+    done
   fi
   if on kda; then
     echo "== bench_kda quick, defaults ($(el))"
@@ -101,7 +111,8 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
   if on envcmp; then
     for e in ${ENVS:-}; do
       echo "== bench_slice K3 B=1,64 T=4K, $e ($(el))"
-      env ${e//,/ } timeout 60 "$B/bench_slice" -m "$S/k3" $([ -n "${ENVCHECK:-}" ] || echo --no-check) --batches 1,64 --contexts 4096 \
+      env ${e//,/ } timeout 60 "$B/bench_slice" -m "$S/k3" ${ENVCMP31:+-m31 "$S/k31"} \
+        $([ -n "${ENVCHECK:-}" ] || echo --no-check) --batches 1,64 --contexts 4096 \
         --budget-s 30 --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)+$e" 2>&1 |
         grep -E 'NMSE|over|B=|graphs'
     done
