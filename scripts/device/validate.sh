@@ -10,7 +10,7 @@
 #      K3 slice's GPU = CPU checks and decode timings at T = 4K with it and without it;
 #   6. envcmp: the K3 slice's decode timings at B = 1 / 64, T = 4K under each setting of ENVS (e.g.
 #      ENVS="K3_PDL=0 K3_PDL=1,K3_X=2"; a comma joins the settings of one run), one after the other in the
-#      same call; ENVCHECK=1 adds the GPU = CPU checks, ENVCMP31=1 adds the K3.1 slice;
+#      same call (ENV_BUDGET s each, 30); ENVCHECK=1 adds the GPU = CPU checks, ENVCMP31=1 the K3.1 slice;
 #      tests_env: the *Gpu* tests again under each setting of TEST_ENVS;
 #   7. ncu_step: Nsight Compute over one eager K3 decode step (bench_slice --profile-step) at B = 1 and 64,
 #      T = 4K: every kernel's time and DRAM bytes, summed by kernel (scripts/device/ncu_step.py).
@@ -113,7 +113,7 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
       echo "== bench_slice K3 B=1,64 T=4K, $e ($(el))"
       env ${e//,/ } timeout 60 "$B/bench_slice" -m "$S/k3" ${ENVCMP31:+-m31 "$S/k31"} \
         $([ -n "${ENVCHECK:-}" ] || echo --no-check) --batches 1,64 --contexts 4096 \
-        --budget-s 30 --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)+$e" 2>&1 |
+        --budget-s "${ENV_BUDGET:-30}" --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)+$e" 2>&1 |
         grep -E 'NMSE|over|B=|graphs'
     done
   fi

@@ -192,7 +192,7 @@ Status kda_forward_fast_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWe
     if (s.n_tok == 1) rows.push_back(s.row0), Sp.push_back(s.st->S), Cp.push_back(s.st->conv16);
   const int64_t nd = int64_t(rows.size());
   if (nd > 0) {
-    static const bool direct_on = env_switch("K3_KDA_DIRECT", false);  // =0: pack, table and scatter always
+    static const bool direct_on = env_switch("K3_KDA_DIRECT", true);  // =0: pack, table and scatter always
     const bool direct = direct_on && nd == n_tok;
     const bool inlined = direct && !tracing && nd <= KdaDecodeParams::kKdaInlineSeq;
     KdaDecodeParams p;

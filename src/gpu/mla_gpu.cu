@@ -16,7 +16,7 @@
 //               query t of the call is a "sequence" of ctx n_past + t + 1 sharing it);
 //   unabsorbed: mla_prefill_cuda on q, kv_b_proj's [k_nope | v] rows and the latent's rope part.
 // fp32 mode, other dims and K3_MLA_FAST=0: the exact generic attention_cuda; DSA-sparse calls: attention_cuda
-// with the selection (absorbed ones on ops/mla_sparse.h with K3_DSA_SPARSE_MLA=1: sparse_fast below).
+// with the selection (absorbed ones on ops/mla_sparse.h unless K3_DSA_SPARSE_MLA=0: sparse_fast below).
 // The state holds an fp32 latent cache, so the decode path converts the whole prefix to bf16 every call
 // (6 bytes an element more than the kernel's 2): a bf16 paged cache in the GPU state removes that.
 #include <cmath>
@@ -205,7 +205,7 @@ __global__ void expand_z_vec_kernel(float* z, const float* zh, const uint16_t* k
 
 // The vector kernels' shapes (K3, K3.1, Kimi Linear: R = 512, dn = 128); K3_MLA_VEC=0 keeps the scalar ones.
 bool vec_fits(int R, int dn) {
-  static const bool on = env_switch("K3_MLA_VEC", false);
+  static const bool on = env_switch("K3_MLA_VEC", true);
   return on && R % 256 == 0 && R <= 256 * kVecExpand && dn % kVecWarps == 0 && dn <= kVecWarps * kVecRows;
 }
 
@@ -405,7 +405,7 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
   // its GPU test missed (1.06-1.48e-4) until session 10 found why: the tensor-core kernel rounded the
   // softmax weights to bf16, which model/mla.cpp does not; the op now keeps them exact (exact_p).
   const bool sparse_mla =
-      env_switch("K3_DSA_SPARSE_MLA", false) && c.bf16() && R == kMlaLatent && dr == kMlaRope;
+      env_switch("K3_DSA_SPARSE_MLA", true) && c.bf16() && R == kMlaLatent && dr == kMlaRope;
   all_abs = all_abs && any_abs;
   if (all_abs)  // a decode step: W_UK read once for every sequence's rows; bf16 mode: q^ in bf16
                 // (model/mla.cpp)

@@ -95,7 +95,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const Checkpoint& ckpt, const M
 }
 
 bool defer_residual_add(const GpuCtx& c, bool attn_res, bool injecting) {
-  static const bool on = env_switch("K3_FUSE_ADD", false);
+  static const bool on = env_switch("K3_FUSE_ADD", true);
 #ifdef NDEBUG
   const bool checked = false;
 #else
