@@ -43,7 +43,9 @@ namespace k3 {  // moe_experts_cuda.cu, built with -DK3_MOE_VARIANTS: 0 default,
                 // the table version (shared-memory byte -> bf16x2 table per lane, scales on fp32 group sums)
                 // with 1 / 2 / 3 chunks in flight per warp, at n_tok <= 2 (else the default); 15 = 13 with
                 // the down kernel launched with PDL (its prologue overlaps the gate / up kernel's tail), 16 =
-                // 15 with 4 chunks in flight per warp at 2 blocks per SM
+                // 15 with 4 chunks in flight per warp at 2 blocks per SM, 17 / 18 / 19 the bulk-copy
+                // version (persistent CTAs, a producer warp's cp.async.bulk ring) with 4 stages x 4 CTAs per
+                // SM / 3 x 5 / 6 x 3
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 }
 
@@ -292,6 +294,11 @@ int main(int argc, char** argv) {
   check("k3 decode", ex, 1, k, MoePath::decode, 21, 1, g);
   check("k3 decode b8", ex, 8, k, MoePath::decode, 23, 8, g);
   for (int v : {5, 6, 8, 10, 11}) check("k3 decode b8 (token 0)", ex, 8, k, MoePath::decode, 23, 1, g, v);
+  for (int v : {17, 18, 19}) {  // the bulk-copy version (K % 512 == 0 here)
+    check("k3 decode (bulk)", ex, 1, k, MoePath::decode, 21, 1, g, v);
+    check("k3 decode b8 (bulk)", ex, 8, k, MoePath::decode, 23, v == 17 ? 8 : 2, g, v);
+    if (v == 17) check("k3 decode b64 (bulk, tokens 0-5)", ex, 64, k, MoePath::decode, 25, 6, g, v);
+  }
   for (int v : {12, 13, 14, 15, 16}) {
     check("k3 decode (table)", ex, 1, k, MoePath::decode, 21, 1, g, v);
     check("k3 decode b2 (table)", ex, 2, k, MoePath::decode, 24, 2, g, v);
@@ -307,7 +314,7 @@ int main(int argc, char** argv) {
     std::set<int32_t> uniq(r.sel.begin(), r.sel.end());
     const double bytes = double(uniq.size()) * ex.bytes_per_expert();
     const double floor_us = bytes / (copy * 1e9) * 1e6;
-    for (int v : {0, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16}) {
+    for (int v : {0, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}) {
       if (v >= 12 && nt > 2) continue;  // the table version: n_tok <= 2
       const double ms = median_ms(st, [&] { moe_experts_cuda_variant(run.p, g, v); });
       const bool goal = nt == 1 && v == 0;

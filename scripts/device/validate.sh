@@ -11,7 +11,9 @@
 #   6. envcmp: the K3 slice's decode timings at B = 1 / 64, T = 4K under each setting of ENVS (e.g.
 #      ENVS="K3_PDL=0 K3_PDL=1,K3_X=2"; a comma joins the settings of one run), one after the other in the
 #      same call (ENV_BUDGET s each, 30); ENVCHECK=1 adds the GPU = CPU checks, ENVCMP31=1 the K3.1 slice;
-#      tests_env: the *Gpu* tests again under each setting of TEST_ENVS;
+#      ENVS_CHECK: settings run first with the K3 slice's GPU = CPU checks only;
+#      tests_env: the *Gpu* tests again under each setting of TEST_ENVS; ops: OPS_ENV="K3_X=1 ..." for the
+#      test-ops runs; moe: bench_moe decode (checks against fp64, timings of every decode variant);
 #   7. ncu_step: Nsight Compute over one eager K3 decode step (bench_slice --profile-step) at B = 1 and 64,
 #      T = 4K: every kernel's time and DRAM bytes, summed by kernel (scripts/device/ncu_step.py).
 # Writes $OUT/validate/run.log, tests.log (the whole k3_tests output) and slice.jsonl.
@@ -25,7 +27,7 @@ B=$here/.carry/dev/validate
 if [ "${1:-}" = "--pack" ]; then  # runs HERE
   build=${2:?build dir}
   rm -rf "$B" && mkdir -p "$B/lib" /tmp/validate_pack && rm -rf /tmp/validate_pack/*
-  for f in tests/k3_tests bench_slice test-ops bench/bench_kda; do
+  for f in tests/k3_tests bench_slice test-ops bench/bench_kda bench/bench_moe; do  # bench_moe: moe/build.sh
     cp "$build/$f" /tmp/validate_pack/ && strip -s "/tmp/validate_pack/$(basename "$f")"
   done
   ldd /tmp/validate_pack/* 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
@@ -47,7 +49,7 @@ trap 'rm -rf "$S"' EXIT
 trap 'rm -rf "$S"; exit 124' TERM INT
 t0=$SECONDS
 el() { echo "t=$((SECONDS - t0)) s"; }
-STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests tests_env kda ops slice31 slice mla fused envcmp ncu_step
+STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests tests_env kda ops moe slice31 slice mla fused envcmp ncu_step
 on() { [[ " $STEPS " == *" $1 "* ]]; }
 {
   echo "commit $(cat "$B/COMMIT" 2>/dev/null), steps: ${STEPS}"
@@ -72,8 +74,13 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
   if on ops; then
     for op in ${OPS:-mla_decode mla_decode_wgmma moe_route moe_experts dsa_topk}; do
       echo "== test-ops $op (cuda) ($(el))"
-      timeout 15 "$B/test-ops" test -o "$op" -b cuda -v 2>&1 | tail -4
+      env ${OPS_ENV:-K3_NONE=1} timeout 15 "$B/test-ops" test -o "$op" -b cuda -v 2>&1 | tail -${OPS_TAIL:-4}
     done
+  fi
+  if on moe; then  # bench_moe decode: its checks against fp64 (every variant), then the decode timings
+    echo "== bench_moe decode ($(el))"
+    timeout "${MOE_BUDGET:-150}" "$B/bench_moe" "$out/moe_cuda.jsonl" "$(cat "$B/COMMIT" 2>/dev/null)" decode 2>&1 |
+      grep -E "check|decode_b|PASS|FAIL|copy" | cut -c1-200
   fi
   if on slice31 || on slice || on mla || on fused || on envcmp || on ncu_step; then
     rm -rf "$S" && mkdir -p "$S"
@@ -109,9 +116,14 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
     done
   fi
   if on envcmp; then
+    for e in ${ENVS_CHECK:-}; do  # GPU = CPU checks only (K3, B = 1), under each setting of ENVS_CHECK
+      echo "== bench_slice K3 checks, $e ($(el))"
+      env ${e//,/ } timeout 70 "$B/bench_slice" -m "$S/k3" --batches 1 --contexts 4096 --budget-s 40 \
+        --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)+$e" 2>&1 | grep -E 'NMSE|over|B='
+    done
     for e in ${ENVS:-}; do
       echo "== bench_slice K3 B=1,64 T=4K, $e ($(el))"
-      env ${e//,/ } timeout 60 "$B/bench_slice" -m "$S/k3" ${ENVCMP31:+-m31 "$S/k31"} \
+      env ${e//,/ } timeout $((${ENV_BUDGET:-30} + 30)) "$B/bench_slice" -m "$S/k3" ${ENVCMP31:+-m31 "$S/k31"} \
         $([ -n "${ENVCHECK:-}" ] || echo --no-check) --batches 1,64 --contexts 4096 \
         --budget-s "${ENV_BUDGET:-30}" --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)+$e" 2>&1 |
         grep -E 'NMSE|over|B=|graphs'

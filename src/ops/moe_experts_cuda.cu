@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "core/env.h"
 #include "ops/cuda_util.cuh"
 #include "ops/moe_experts.h"
 #include "ops/moe_experts_layout.h"
@@ -182,6 +183,10 @@ __device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, uint32_t b
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
@@ -440,40 +445,53 @@ __device__ __forceinline__ bool dec_tile(const GemmArgs& a, DecTile& t) {
   return true;
 }
 
-// Adds the warps' partial accumulators (in warp order) and writes the tile's outputs: DUAL h = act(g, u) in
-// unit order (the down GEMM's X), else o rows at their (t, j) slots.
+// The tile's outputs from warp 0's complete sums: DUAL h = act(g, u) in unit order (the down GEMM's X), else
+// o rows at their (t, j) slots. Accumulator i: neuron row g + (i / 2) * 8, token column 2 q + i % 2.
 template <bool DUAL>
-__device__ __forceinline__ void dec_finish(const GemmArgs& a, const DecTile& t, float (&accA)[4],
-                                           float (&accB)[4], float (*part)[32][8]) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+__device__ __forceinline__ void dec_write(const GemmArgs& a, int r0, int n_r, int n0, const float (&accA)[4],
+                                          const float (&accB)[4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int tok = 2 * q + (i & 1), nr = g + (i >> 1) * 8;
+    if (tok >= n_r) continue;
+    if constexpr (DUAL) {
+      const int neuron = n0 + nr;
+      if (neuron >= a.n_out) continue;
+      const float gv = round_bf16_dev(accA[i]), uv = round_bf16_dev(accB[i]);
+      const int pos = (neuron & ~7) | moe::unit_pos(neuron & 7);
+      a.out[size_t(r0 + tok) * a.n_out + pos] = __float2bfloat16_rn(act_dev(a.act, gv, uv, a.beta1, a.beta2));
+    } else {
+      const size_t orow = size_t(a.order[r0 + tok]) * a.n_out;
+      if (n0 + nr < a.n_out) a.out[orow + n0 + nr] = __float2bfloat16_rn(accA[i]);
+      if (n0 + 16 + nr < a.n_out) a.out[orow + n0 + 16 + nr] = __float2bfloat16_rn(accB[i]);
+    }
+  }
+}
+
+// Warps 1.. leave their partial accumulators in `part`, `sync` makes them visible, warp 0 adds them in warp
+// order. Returns true in warp 0 (which then holds the sums).
+template <class Sync>
+__device__ __forceinline__ bool dec_reduce(float (&accA)[4], float (&accB)[4], float (*part)[32][8], Sync sync) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (warp > 0) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) part[warp - 1][lane][i] = accA[i], part[warp - 1][lane][4 + i] = accB[i];
   }
-  __syncthreads();
-  if (warp > 0) return;
+  sync();
+  if (warp > 0) return false;
 #pragma unroll
   for (int w = 0; w < kDecWarps - 1; ++w)
 #pragma unroll
     for (int i = 0; i < 4; ++i) accA[i] += part[w][lane][i], accB[i] += part[w][lane][4 + i];
-      // accumulator i: neuron row g + (i / 2) * 8, token column 2 q + i % 2
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int tok = 2 * q + (i & 1), nr = g + (i >> 1) * 8;
-    if (tok >= t.n_r) continue;
-    if constexpr (DUAL) {
-      const int neuron = t.n0 + nr;
-      if (neuron >= a.n_out) continue;
-      const float gv = round_bf16_dev(accA[i]), uv = round_bf16_dev(accB[i]);
-      const int pos = (neuron & ~7) | moe::unit_pos(neuron & 7);
-      a.out[size_t(t.r0 + tok) * a.n_out + pos] =
-          __float2bfloat16_rn(act_dev(a.act, gv, uv, a.beta1, a.beta2));
-    } else {
-      const size_t orow = size_t(a.order[t.r0 + tok]) * a.n_out;
-      if (t.n0 + nr < a.n_out) a.out[orow + t.n0 + nr] = __float2bfloat16_rn(accA[i]);
-      if (t.n0 + 16 + nr < a.n_out) a.out[orow + t.n0 + 16 + nr] = __float2bfloat16_rn(accB[i]);
-    }
-  }
+  return true;
+}
+
+// Adds the warps' partial accumulators (in warp order) and writes the tile's outputs (dec_write).
+template <bool DUAL>
+__device__ __forceinline__ void dec_finish(const GemmArgs& a, const DecTile& t, float (&accA)[4],
+                                           float (&accB)[4], float (*part)[32][8]) {
+  if (dec_reduce(accA, accB, part, [] { __syncthreads(); })) dec_write<DUAL>(a, t.r0, t.n_r, t.n0, accA, accB);
 }
 
 // both operands of one chunk into the accumulators (one or two multiplies per weight pair)
@@ -587,6 +605,152 @@ __global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_ring_kern
   }
   cp_async_wait<0>();
   dec_finish<DUAL>(a, t, accA, accB, part);
+}
+
+// ---- decode, bulk-copy version: experts_decode_bulk_kernel (K3_MOE_BULK=1; bench variant 17) ----
+// Persistent: CTAS CTAs per SM walk the items (valid tile t, neuron group y), item i = t * groups + y,
+// CTA b taking b, b + gridDim.x, ..., so no CTA waits on a tile lookup, a pointer load and a first weight load
+// before it streams (experts_decode_kernel's blocks each do, ~6 waves of them per call at n_tok = 1). Per CTA:
+// a producer warp copies each item's 32 weight rows (16 gate + 16 up, or 32 down) and their scales in stages
+// of kBulkCols columns, one cp.async.bulk per row and lane, into a ring of RING stages (mbarriers full /
+// empty per stage); 4 consumer warps take one 128-column chunk of each stage each (warp w: chunk w), decode
+// and multiply them as experts_decode_kernel does (chunk_both), keep their accumulators over the item's
+// stages and add them in shared memory at its end (dec_reduce, partials double-buffered by item parity, one
+// named barrier of the 4 consumer warps per item). Needs K % kBulkCols == 0 (so n_out % 32 == 0 here too)
+// and 16-byte aligned expert matrices (arena allocations are 256-byte aligned): bulk_ok().
+constexpr int kBulkCols = 512;                    // columns per stage: one chunk per consumer warp
+constexpr int kBulkRows = 32;                     // rows per item
+constexpr int kBulkPitch = kBulkCols / 2 + 64;    // bytes per staged row; +64: rows g, g + 1 in other banks
+constexpr int kBulkScaleOff = kBulkRows * kBulkPitch;                     // then [kBulkRows][16] scales
+constexpr int kBulkStage = kBulkScaleOff + kBulkRows * (kBulkCols / 32);  // 10752 bytes
+constexpr int kBulkThreads = (kDecWarps + 1) * 32;  // + the producer warp
+static_assert(kBulkCols == kDecWarps * moe::kChunk, "one chunk per consumer warp and stage");
+
+template <int RING>
+struct BulkBars {
+  uint64_t full[RING], empty[RING];
+  float part[2][kDecWarps - 1][32][8];
+};
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_tx(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+  unsigned done = 0;
+  while (!done)
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+
+// RING stages per CTA, CTAS CTAs per SM (the default: 4 and 4, 49 KB of shared memory per CTA)
+template <bool DUAL, int RING, int CTAS>
+__global__ void __launch_bounds__(kBulkThreads, CTAS) experts_decode_bulk_kernel(GemmArgs a) {
+  extern __shared__ __align__(128) unsigned char stage_mem[];  // [RING][kBulkStage]
+  __shared__ BulkBars<RING> sb;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+  if (tid == 0) {
+    for (int i = 0; i < RING; ++i) mbar_init(&sb.full[i], 1), mbar_init(&sb.empty[i], kDecWarps);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  constexpr int kNeur = DUAL ? 16 : 32;
+  const int groups = a.n_out / kNeur, n_st = a.K / kBulkCols;
+  const int n_items = a.tile_start[a.E] * groups;  // the valid tiles come first (sort_kernel)
+  if (warp == kDecWarps) {  // producer: lane r copies staged row r (DUAL: gate rows 0..15, up rows 16..31)
+    int k = 0;
+    for (int it = blockIdx.x; it < n_items; it += gridDim.x) {
+      const int t = it / groups, n0 = (it - t * groups) * kNeur;
+      const MoeExpertPtrs ep = a.experts[a.tiles[t].x];
+      const bool up = DUAL && lane >= 16;
+      const uint8_t* w = DUAL ? (up ? ep.w3 : ep.w1) : ep.w2;
+      const uint8_t* sc = DUAL ? (up ? ep.s3 : ep.s1) : ep.s2;
+      const size_t row = size_t(n0 + (DUAL ? (lane & 15) : lane));
+      const uint8_t* wrow = w + row * (a.K / 2);
+      const uint8_t* srow = sc + row * (a.K / 32);
+      for (int st = 0; st < n_st; ++st, ++k) {
+        const int slot = k % RING;
+        mbar_wait(&sb.empty[slot], ((k / RING) & 1) ^ 1);  // the first pass finds every slot free
+        if (lane == 0) mbar_arrive_tx(&sb.full[slot], kBulkRows * (kBulkCols / 2 + kBulkCols / 32));
+        __syncwarp();
+        unsigned char* dst = stage_mem + size_t(slot) * kBulkStage;
+        bulk_g2s(dst + lane * kBulkPitch, wrow + st * (kBulkCols / 2), kBulkCols / 2, &sb.full[slot]);
+        bulk_g2s(dst + kBulkScaleOff + lane * (kBulkCols / 32), srow + st * (kBulkCols / 32), kBulkCols / 32,
+                 &sb.full[slot]);
+      }
+    }
+    return;
+  }
+  // consumers: staged rows g, g + 8 (operand A), 16 + g, 24 + g (operand B)
+  int k = 0, parity = 0;
+  for (int it = blockIdx.x; it < n_items; it += gridDim.x, parity ^= 1) {
+    const int t = it / groups, n0 = (it - t * groups) * kNeur;
+    const int4 ti = a.tiles[t];  // (expert, first sorted row, rows)
+    const int r0 = ti.y, n_r = ti.z;
+    const __nv_bfloat16* xrow =
+        g < n_r ? a.x + size_t(DUAL ? a.order[r0 + g] / a.k : r0 + g) * a.K : nullptr;
+    float accA[4] = {0.f, 0.f, 0.f, 0.f}, accB[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int st = 0; st < n_st; ++st, ++k) {
+      const int col = (st * kDecWarps + warp) * moe::kChunk + q * 32;
+      uint4 x[4];
+#pragma unroll
+      for (int wi = 0; wi < 4; ++wi) x[wi] = ldg16(xrow + (xrow ? col + wi * 8 : 0), xrow != nullptr);
+      const int slot = k % RING;
+      mbar_wait(&sb.full[slot], (k / RING) & 1);
+      const unsigned char* src = stage_mem + size_t(slot) * kBulkStage;
+      const int off = warp * (moe::kChunk / 2) + q * 16;
+      const uint4 a0 = *reinterpret_cast<const uint4*>(src + g * kBulkPitch + off);
+      const uint4 a1 = *reinterpret_cast<const uint4*>(src + (g + 8) * kBulkPitch + off);
+      const uint4 b0 = *reinterpret_cast<const uint4*>(src + (g + 16) * kBulkPitch + off);
+      const uint4 b1 = *reinterpret_cast<const uint4*>(src + (g + 24) * kBulkPitch + off);
+      const unsigned char* se = src + kBulkScaleOff + warp * 4 + q;
+      const uint32_t ex[4] = {se[g * 16], se[(g + 8) * 16], se[(g + 16) * 16], se[(g + 24) * 16]};
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&sb.empty[slot]);  // release: this warp's reads of the slot are done
+      chunk_both(a0, a1, b0, b1, ex, x, accA, accB);
+    }
+    if (dec_reduce(accA, accB, sb.part[parity],
+                   [] { asm volatile("bar.sync 1, %0;" ::"n"(kDecWarps * 32) : "memory"); }))
+      dec_write<DUAL>(a, r0, n_r, n0, accA, accB);
+  }
+}
+
+bool bulk_ok(const MoeExpertsParams& p) {
+  return p.n_tok <= kMoeDecodeMaxTok && p.d_in % kBulkCols == 0 && p.d_ff % kBulkCols == 0;
+}
+
+template <bool DUAL, int RING, int CTAS>
+void launch_decode_bulk(const GemmArgs& a, unsigned max_tiles, GpuContext& g) {
+  static std::atomic<bool> sized[64] = {};  // the >48 KB opt-in is a per-device function attribute
+  int dev = 0;
+  K3_CUDA_ASSERT(cudaGetDevice(&dev));
+  if (dev >= 64 || !sized[dev].load()) {
+    for (auto f : {experts_decode_bulk_kernel<true, RING, CTAS>, experts_decode_bulk_kernel<false, RING, CTAS>})
+      K3_CUDA_ASSERT(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, RING * kBulkStage));
+    if (dev < 64) sized[dev] = true;
+  }
+  const int64_t items = int64_t(max_tiles) * (a.n_out / (DUAL ? 16 : 32));
+  const unsigned grid = unsigned(std::min<int64_t>(items, int64_t(device_sm_count()) * CTAS));
+  experts_decode_bulk_kernel<DUAL, RING, CTAS><<<grid, kBulkThreads, RING * kBulkStage, g.stream>>>(a);
+  K3_CUDA_LAUNCH_CHECK();
 }
 
 #ifdef K3_MOE_VARIANTS  // bench builds only, until it has run on a GPU
@@ -802,8 +966,9 @@ void launch_decode(const GemmArgs& a, unsigned max_tiles, int n_neur_blocks, boo
   K3_CUDA_LAUNCH_CHECK();
 }
 
-// LUT: the table version (decode_lut_ok(p); activations in natural order), PDL: its down kernel with PDL
-template <int RING, int DEPTH, int MINB, bool LUT = false, bool PDL = false>
+// LUT: the table version (decode_lut_ok(p); activations in natural order), PDL: its down kernel with PDL;
+// BULK: the bulk-copy version (bulk_ok(p)) with RING stages and MINB CTAs per SM (DEPTH unused)
+template <int RING, int DEPTH, int MINB, bool LUT = false, bool PDL = false, bool BULK = false>
 void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g) {
   constexpr int BT = moe::kDecodeTile;
   const unsigned max_tiles = unsigned(decode_tiles(n_rows, p.n_expert));
@@ -820,6 +985,12 @@ void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, Gpu
     return;
   }
 #endif
+  if constexpr (BULK) {
+    launch_decode_bulk<true, RING, MINB>(a, max_tiles, g);
+    a.n_out = p.d_in, a.K = p.d_ff, a.x = s.h, a.out = s.o;
+    launch_decode_bulk<false, RING, MINB>(a, max_tiles, g);
+    return;
+  }
   launch_decode<RING, DEPTH, MINB>(a, max_tiles, (p.d_ff + 15) / 16, true, g);
   a.n_out = p.d_in, a.K = p.d_ff, a.x = s.h, a.out = s.o;
   launch_decode<RING, DEPTH, MINB>(a, max_tiles, (p.d_in + 31) / 32, false, g);
@@ -866,7 +1037,9 @@ constexpr int kRingMinTok = 2;
 // ring version with 3 / 4 stages, 11 = the register version (1 in flight, 4 blocks per SM) at every n_tok,
 // 12 / 13 / 14 = the table version (experts_decode_lut_kernel) with 1 / 2 / 3 chunks in flight per warp where
 // decode_lut_ok (n_tok <= 2), else the default; 15 = 13 with its down kernel launched with PDL; 16 = 15 with
-// 4 chunks in flight per warp, sized for 2 blocks per SM.
+// 4 chunks in flight per warp, sized for 2 blocks per SM; 17 = the bulk-copy version where bulk_ok (also the
+// default's with K3_MOE_BULK=1: a ring of 4 stages, 4 CTAs per SM), else the default; 18 / 19 = the
+// bulk-copy version with 3 stages and 5 CTAs / 6 stages and 3 CTAs.
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 
 void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g) { moe_experts_cuda_variant(p, g, 0); }
@@ -890,7 +1063,17 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
   to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
       p.z, p.ldz ? p.ldz : p.d_in, p.n_tok, p.d_in, stream && !lut, s.zb);
   K3_CUDA_LAUNCH_CHECK();
-  if (stream) {
+  // the bulk-copy decode kernel: K3_MOE_BULK=1 (read once; opt-in until timed on the GPU), bench variant 17
+  static const bool bulk_env = env_switch("K3_MOE_BULK", false);
+  if (stream && !lut && bulk_ok(p) && (variant == 17 || (variant == 0 && bulk_env))) {
+    run_decode<4, 1, 4, false, false, true>(p, s, n_rows, g);
+#ifdef K3_MOE_VARIANTS
+  } else if (stream && !lut && bulk_ok(p) && variant == 18) {
+    run_decode<3, 1, 5, false, false, true>(p, s, n_rows, g);
+  } else if (stream && !lut && bulk_ok(p) && variant == 19) {
+    run_decode<6, 1, 3, false, false, true>(p, s, n_rows, g);
+#endif
+  } else if (stream) {
 #ifdef K3_MOE_VARIANTS
     if (lut && variant == 12)
       run_decode<0, 1, 3, true>(p, s, n_rows, g);
