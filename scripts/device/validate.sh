@@ -79,7 +79,7 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
   fi
   if on moe; then  # bench_moe decode: its checks against fp64 (every variant), then the decode timings
     echo "== bench_moe decode ($(el))"
-    timeout "${MOE_BUDGET:-150}" "$B/bench_moe" "$out/moe_cuda.jsonl" "$(cat "$B/COMMIT" 2>/dev/null)" decode 2>&1 |
+    timeout "${MOE_BUDGET:-150}" "$B/bench_moe" "$out/moe_cuda.jsonl" "$(cat "$B/COMMIT" 2>/dev/null)" "${MOE_MODE:-decode}" 2>&1 |
       grep -E "check|decode_b|PASS|FAIL|copy" | cut -c1-200
   fi
   if on slice31 || on slice || on mla || on fused || on envcmp || on ncu_step; then

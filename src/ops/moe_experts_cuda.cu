@@ -708,11 +708,17 @@ __global__ void __launch_bounds__(kBulkThreads, CTAS) experts_decode_bulk_kernel
     const __nv_bfloat16* xrow =
         g < n_r ? a.x + size_t(DUAL ? a.order[r0 + g] / a.k : r0 + g) * a.K : nullptr;
     float accA[4] = {0.f, 0.f, 0.f, 0.f}, accB[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int st = 0; st < n_st; ++st, ++k) {
+    auto load_x = [&](int st, uint4(&x)[4]) {  // this warp's chunk of stage st: columns q * 32 .. + 32
       const int col = (st * kDecWarps + warp) * moe::kChunk + q * 32;
-      uint4 x[4];
+      const bool ok = xrow != nullptr && st < n_st;
 #pragma unroll
-      for (int wi = 0; wi < 4; ++wi) x[wi] = ldg16(xrow + (xrow ? col + wi * 8 : 0), xrow != nullptr);
+      for (int wi = 0; wi < 4; ++wi) x[wi] = ldg16(xrow + (ok ? col + wi * 8 : 0), ok);
+    };
+    uint4 xn[4];
+    load_x(0, xn);
+    for (int st = 0; st < n_st; ++st, ++k) {
+      const uint4 x[4] = {xn[0], xn[1], xn[2], xn[3]};
+      load_x(st + 1, xn);  // the next stage's activations in flight while this one is decoded
       const int slot = k % RING;
       mbar_wait(&sb.full[slot], (k / RING) & 1);
       const unsigned char* src = stage_mem + size_t(slot) * kBulkStage;
