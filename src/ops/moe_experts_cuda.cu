@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <atomic>
 
-#include "core/env.h"
 #include "ops/cuda_util.cuh"
 #include "ops/moe_experts.h"
 #include "ops/moe_experts_layout.h"
@@ -183,10 +182,6 @@ __device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, uint32_t b
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
@@ -607,7 +602,8 @@ __global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_ring_kern
   dec_finish<DUAL>(a, t, accA, accB, part);
 }
 
-// ---- decode, bulk-copy version: experts_decode_bulk_kernel (K3_MOE_BULK=1; bench variant 17) ----
+#ifdef K3_MOE_VARIANTS  // bench builds only, until it has run on a GPU
+// ---- decode, bulk-copy version: experts_decode_bulk_kernel (bench variants 17-19) ----
 // Persistent: CTAS CTAs per SM walk the items (valid tile t, neuron group y), item i = t * groups + y,
 // CTA b taking b, b + gridDim.x, ..., so no CTA waits on a tile lookup, a pointer load and a first weight load
 // before it streams (experts_decode_kernel's blocks each do, ~6 waves of them per call at n_tok = 1). Per CTA:
@@ -618,6 +614,9 @@ __global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_ring_kern
 // stages and add them in shared memory at its end (dec_reduce, partials double-buffered by item parity, one
 // named barrier of the 4 consumer warps per item). Needs K % kBulkCols == 0 (so n_out % 32 == 0 here too)
 // and 16-byte aligned expert matrices (arena allocations are 256-byte aligned): bulk_ok().
+// Measured (H100, session 11): correct (fp64 checks), but slower than experts_decode_kernel: b = 1 214-257 us
+// against 179, b = 64 6.3-8.0 ms against 5.3, fewer consumer warps being slower; so the default kernel is
+// bound by its decode instructions, not by its loads in flight or its blocks' start. Kept as a bench variant.
 constexpr int kBulkCols = 512;                    // columns per stage: one chunk per consumer warp
 constexpr int kBulkRows = 32;                     // rows per item
 constexpr int kBulkPitch = kBulkCols / 2 + 64;    // bytes per staged row; +64: rows g, g + 1 in other banks
@@ -631,6 +630,10 @@ struct BulkBars {
   uint64_t full[RING], empty[RING];
   float part[2][kDecWarps - 1][32][8];
 };
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
@@ -759,7 +762,6 @@ void launch_decode_bulk(const GemmArgs& a, unsigned max_tiles, GpuContext& g) {
   K3_CUDA_LAUNCH_CHECK();
 }
 
-#ifdef K3_MOE_VARIANTS  // bench builds only, until it has run on a GPU
 // ---- decode, table version: experts_decode_lut_kernel (bench variants 12-16; n_tok <= 2) ----
 // The work split of experts_decode_kernel (block = (tile, 16 neurons gate + up / 32 down rows), 4 warps
 // splitting the reduction, DEPTH chunks of loads in flight per warp), with the decode of
@@ -990,13 +992,13 @@ void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, Gpu
     launch_decode_lut<DEPTH, MINB, PDL>(a, max_tiles, (p.d_in + 31) / 32, false, g);
     return;
   }
-#endif
   if constexpr (BULK) {
     launch_decode_bulk<true, RING, MINB>(a, max_tiles, g);
     a.n_out = p.d_in, a.K = p.d_ff, a.x = s.h, a.out = s.o;
     launch_decode_bulk<false, RING, MINB>(a, max_tiles, g);
     return;
   }
+#endif
   launch_decode<RING, DEPTH, MINB>(a, max_tiles, (p.d_ff + 15) / 16, true, g);
   a.n_out = p.d_in, a.K = p.d_ff, a.x = s.h, a.out = s.o;
   launch_decode<RING, DEPTH, MINB>(a, max_tiles, (p.d_in + 31) / 32, false, g);
@@ -1043,9 +1045,9 @@ constexpr int kRingMinTok = 2;
 // ring version with 3 / 4 stages, 11 = the register version (1 in flight, 4 blocks per SM) at every n_tok,
 // 12 / 13 / 14 = the table version (experts_decode_lut_kernel) with 1 / 2 / 3 chunks in flight per warp where
 // decode_lut_ok (n_tok <= 2), else the default; 15 = 13 with its down kernel launched with PDL; 16 = 15 with
-// 4 chunks in flight per warp, sized for 2 blocks per SM; 17 = the bulk-copy version where bulk_ok (also the
-// default's with K3_MOE_BULK=1: a ring of 4 stages, 4 CTAs per SM), else the default; 18 / 19 = the
-// bulk-copy version with 3 stages and 5 CTAs / 6 stages and 3 CTAs.
+// 4 chunks in flight per warp, sized for 2 blocks per SM; 17 = the bulk-copy version where bulk_ok (a
+// ring of 4 stages, 4 CTAs per SM), else the default; 18 / 19 = the bulk-copy version with 3 stages and 5
+// CTAs / 6 stages and 3 CTAs.
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 
 void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g) { moe_experts_cuda_variant(p, g, 0); }
@@ -1069,17 +1071,16 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
   to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
       p.z, p.ldz ? p.ldz : p.d_in, p.n_tok, p.d_in, stream && !lut, s.zb);
   K3_CUDA_LAUNCH_CHECK();
-  // the bulk-copy decode kernel: K3_MOE_BULK=1 (read once; opt-in until timed on the GPU), bench variant 17
-  static const bool bulk_env = env_switch("K3_MOE_BULK", false);
-  if (stream && !lut && bulk_ok(p) && (variant == 17 || (variant == 0 && bulk_env))) {
-    run_decode<4, 1, 4, false, false, true>(p, s, n_rows, g);
 #ifdef K3_MOE_VARIANTS
+  if (stream && !lut && bulk_ok(p) && variant == 17) {
+    run_decode<4, 1, 4, false, false, true>(p, s, n_rows, g);
   } else if (stream && !lut && bulk_ok(p) && variant == 18) {
     run_decode<3, 1, 5, false, false, true>(p, s, n_rows, g);
   } else if (stream && !lut && bulk_ok(p) && variant == 19) {
     run_decode<6, 1, 3, false, false, true>(p, s, n_rows, g);
+  } else
 #endif
-  } else if (stream) {
+      if (stream) {
 #ifdef K3_MOE_VARIANTS
     if (lut && variant == 12)
       run_decode<0, 1, 3, true>(p, s, n_rows, g);
