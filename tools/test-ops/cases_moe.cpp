@@ -14,8 +14,8 @@
 //   experts and positive weights per token; the decode and prefill kernels forced on every shape (odd token
 //   counts 1, 3, 17, 45, 70, 150; d_in / d_ff multiples of 32 that are not multiples of the 128-column
 //   chunk; neuron counts below one warp's tile; experts with more rows than one tile of either path; SiTU
-//   and SiLU; three decode shapes whose reductions are multiples of 512, which K3_MOE_BULK=1 runs on the
-//   bulk-copy decode kernel). NMSE bound 1e-5: the kernels round at the same
+//   and SiLU; three decode shapes whose reductions are multiples of 512, as K3's 3584 / 3072 are). NMSE
+//   bound 1e-5: the kernels round at the same
 //   points as the reference, only fp32 accumulation order differs (a bf16 rounding may flip).
 #include <algorithm>
 #include <cmath>
@@ -234,7 +234,7 @@ K3_OP_CASES(moe_cases) {
     // exponents on both sides of the decode kernel's one-multiply limit (moe::kPairScaleMax = 128)
     add_experts(cases, 2, 7, 3, 96, 64, path, MoeAct::silu, 112, 24);
   }
-  // reductions that are multiples of 512: the bulk-copy decode kernel's shapes (with K3_MOE_BULK=1)
+  // decode with reductions that are multiples of 512 (whole 512-column stages, as at K3's shapes)
   add_experts(cases, 1, 12, 4, 512, 1024, MoePath::decode);
   add_experts(cases, 9, 6, 3, 1024, 512, MoePath::decode, MoeAct::silu);
   add_experts(cases, 33, 16, 4, 512, 512, MoePath::decode, MoeAct::situ, 112, 24);
