@@ -3,14 +3,15 @@
 // same run.
 //
 //   bench_moe [OUT.jsonl] [COMMIT] [MODE]
-//     MODE: all (default) or decode (K3-shape decode checks and timings only; the K3 decode check's launches
-//     come first, for a profiler)
+//     MODE: all (default), decode (K3-shape decode checks and timings only; the K3 decode check's launches
+//     come first, for a profiler), prefill (the prefill kernels' checks and timings only) or bulk
 // 1. peers: cudaMemcpy D2D of 2 GiB (copy GB/s = read + write bytes / time); cuBLAS bf16 GEMM 8192^3 with
 //    fp32 accumulation (TFLOP/s).
 // 2. correctness: small odd shapes (both paths) and K3 shapes (decode batch 1 and 2 tokens of a 4096-token
-//    prefill) against the fp64 host reference moe_experts_ref; moe_route against moe_route_ref.
+//    prefill, both prefill kernels) against the fp64 host reference moe_experts_ref; moe_route against
+//    moe_route_ref.
 // 3. timing (CUDA events, median of 10 after 2 warm-ups): decode batch 1, 2, 8, 64 (MoE byte floor =
-//    the active experts' MXFP4 bytes / copy GB/s); prefill 4096 and 8192 tokens (useful TFLOP/s vs the
+//    the active experts' MXFP4 bytes / copy GB/s); prefill 2048, 4096 and 8192 tokens (useful TFLOP/s vs the
 //    cuBLAS rate); routing at batch 1, 64, 4096.
 // Build: bash bench/moe_cuda/build.sh.
 #include <cublas_v2.h>
@@ -45,7 +46,9 @@ namespace k3 {  // moe_experts_cuda.cu, built with -DK3_MOE_VARIANTS: 0 default,
                 // the down kernel launched with PDL (its prologue overlaps the gate / up kernel's tail), 16 =
                 // 15 with 4 chunks in flight per warp at 2 blocks per SM, 17 / 18 / 19 the bulk-copy
                 // version (persistent CTAs, a producer warp's cp.async.bulk ring) with 4 stages x 4 CTAs per
-                // SM / 3 x 5 / 6 x 3
+                // SM / 3 x 5 / 6 x 3; any variant but 0 runs prefill on the mma.sync kernel (20: its
+                // default tiles, the prefill default before session 12; 0 = the wgmma kernel where
+                // d_in, d_ff are multiples of 128)
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 }
 
@@ -255,7 +258,8 @@ int main(int argc, char** argv) {
   if (argc > 1) g_out = argv[1];
   if (argc > 2) g_commit = argv[2];
   const std::string mode = argc > 3 ? argv[3] : "all";
-  const bool all = mode != "decode" && mode != "bulk";
+  const bool pre = mode == "prefill";  // the prefill kernels only: their checks and timings
+  const bool all = mode != "decode" && mode != "bulk" && !pre;
   const bool bulk = mode == "bulk";  // the bulk-copy variants only: short checks, timings at 1 and 64 tokens
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -268,10 +272,10 @@ int main(int argc, char** argv) {
   cublasCreate(&h);
   g.cublas = h;
 
-  if (all) {  // small odd shapes, both paths
+  if (all || pre) {  // small odd shapes, both paths
     Experts ex;
     ex.make(23, 96, 160, 11);
-    for (int v = 0; v < 17; ++v)
+    for (int v = 0; v < (pre ? 1 : 17); ++v)
       for (MoePath path : {MoePath::decode, MoePath::prefill}) {
         check("small", ex, 1, 3, path, 1, 1, g, v);
         if (v >= 12 && path == MoePath::decode) check("small", ex, 2, 6, path, 6, 2, g, v);
@@ -282,6 +286,12 @@ int main(int argc, char** argv) {
     ex2.make(9, 32, 32, 12);
     check("tiny", ex2, 33, 2, MoePath::prefill, 4, 33, g);
     check("tiny", ex2, 3, 9, MoePath::decode, 5, 3, g);
+    Experts ex3;  // the wgmma prefill kernel: tiles of ~30 and ~100 rows, both kernels
+    ex3.make(40, 256, 384, 13);
+    for (int v : {0, 20}) {
+      check("wg", ex3, 300, 4, MoePath::prefill, 7, 300, g, v);
+      check("wg", ex3, 1000, 4, MoePath::prefill, 8, 200, g, v);
+    }
   }
   if (all) {
     for (int64_t nt : {1, 3, 64, 4096}) check_route(nt, 896, 16, uint32_t(nt), g);
@@ -292,27 +302,29 @@ int main(int argc, char** argv) {
   Experts ex;
   ex.make(E, d_in, d_ff, 17);
   CK(cudaDeviceSynchronize());
-  check("k3 decode", ex, 1, k, MoePath::decode, 21, 1, g);
-  if (!bulk) {
+  if (!pre) check("k3 decode", ex, 1, k, MoePath::decode, 21, 1, g);
+  if (!bulk && !pre) {
     check("k3 decode b8", ex, 8, k, MoePath::decode, 23, 8, g);
     for (int v : {5, 6, 8, 10, 11}) check("k3 decode b8 (token 0)", ex, 8, k, MoePath::decode, 23, 1, g, v);
   }
   for (int v : {17, 18, 19}) {  // the bulk-copy version (K % 512 == 0 here)
+    if (pre) break;
     check("k3 decode (bulk)", ex, 1, k, MoePath::decode, 21, 1, g, v);
     check("k3 decode b8 (bulk)", ex, 8, k, MoePath::decode, 23, v == 17 && !bulk ? 8 : 2, g, v);
     if (v == 17) check("k3 decode b64 (bulk, tokens 0-1)", ex, 64, k, MoePath::decode, 25, bulk ? 2 : 6, g, v);
   }
   for (int v : {12, 13, 14, 15, 16}) {
-    if (bulk) break;
+    if (bulk || pre) break;
     check("k3 decode (table)", ex, 1, k, MoePath::decode, 21, 1, g, v);
     check("k3 decode b2 (table)", ex, 2, k, MoePath::decode, 24, 2, g, v);
   }
-  if (all) check("k3 prefill (2 of 4096 tokens)", ex, 4096, k, MoePath::prefill, 22, 2, g);
+  if (all || pre)
+    for (int v : {0, 20}) check("k3 prefill (4 of 4096 tokens)", ex, 4096, k, MoePath::prefill, 22, 4, g, v);
   const double copy = copy_bandwidth(g);
-  const double tf = all ? gemm_tflops(g) : 0.0;
+  const double tf = all || pre ? gemm_tflops(g) : 0.0;
 
   for (int64_t nt : {1, 2, 8, 64}) {
-    if (bulk && (nt == 2 || nt == 8)) continue;
+    if (pre || (bulk && (nt == 2 || nt == 8))) continue;
     std::mt19937 rng(uint32_t(100 + nt));
     Routing r = make_routing(rng, nt, E, k, d_in);
     Run run(ex, r, nt, k, MoePath::decode);
@@ -333,13 +345,14 @@ int main(int argc, char** argv) {
                   bytes * 1e-6, ms * 1e3, floor_us, copy);
     }
   }
-  for (int64_t nt : {4096, 8192}) {
-    if (!all) break;
+  for (int64_t nt : {2048, 4096, 8192}) {  // 2048: the model's token chunk (gpu/moe_gpu.cu)
+    if (!all && !pre) break;
     std::mt19937 rng(uint32_t(200 + nt));
     Routing r = make_routing(rng, nt, E, k, d_in);
     Run run(ex, r, nt, k, MoePath::prefill);
     const double flops = double(nt) * k * 2.0 * 3.0 * d_in * d_ff;
-    for (int v = 0; v < 5; ++v) {
+    for (int v : {0, 20, 1, 2, 3, 4}) {
+      if (nt == 2048 && v != 0 && v != 20) continue;
       const double ms = median_ms(st, [&] { moe_experts_cuda_variant(run.p, g, v); }, 1, 5);
       const double tfs = flops / (ms * 1e-3) * 1e-12;
       const std::string tag = "prefill_n" + std::to_string(nt) + (v ? "_v" + std::to_string(v) : "");

@@ -8,7 +8,7 @@ out=${1:-$here/build-moe/bench}
 mkdir -p "$out"
 nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -lineinfo -I"$here/src" -I"$here/include" \
   --expt-relaxed-constexpr -DK3_MOE_VARIANTS -Xptxas -v -o "$out/bench_moe" "$here/bench/moe_cuda/bench_moe.cu" \
-  "$here/src/ops/moe_experts_cuda.cu" "$here/src/ops/moe_experts_ref.cpp" "$here/src/ops/moe_route_cuda.cu" \
+  "$here/src/ops/moe_experts_cuda.cu" "$here/src/ops/moe_experts_wgmma_cuda.cu" "$here/src/ops/moe_experts_ref.cpp" "$here/src/ops/moe_route_cuda.cu" \
   "$here/src/ops/moe_route_ref.cpp" "$here/src/core/dtype.cpp" "$here/src/core/log.cpp" -lcublas 2>&1 |
   grep -E "error|warning|registers|spill" || true
 test -x "$out/bench_moe"

@@ -13,7 +13,8 @@
 #      same call (ENV_BUDGET s each, 30); ENVCHECK=1 adds the GPU = CPU checks, ENVCMP31=1 the K3.1 slice;
 #      ENVS_CHECK: settings run first with the K3 slice's GPU = CPU checks only;
 #      tests_env: the *Gpu* tests again under each setting of TEST_ENVS; ops: OPS_ENV="K3_X=1 ..." for the
-#      test-ops runs; moe: bench_moe decode (checks against fp64, timings of every decode variant);
+#      test-ops runs; moe: bench_moe MOE_MODE (decode: checks against fp64, timings of every decode variant; prefill: the
+#      prefill kernels' checks and timings);
 #   7. ncu_step: Nsight Compute over one eager K3 decode step (bench_slice --profile-step) at B = 1 and 64,
 #      T = 4K: every kernel's time and DRAM bytes, summed by kernel (scripts/device/ncu_step.py).
 # Writes $OUT/validate/run.log, tests.log (the whole k3_tests output) and slice.jsonl.
@@ -78,9 +79,9 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
     done
   fi
   if on moe; then  # bench_moe decode: its checks against fp64 (every variant), then the decode timings
-    echo "== bench_moe decode ($(el))"
+    echo "== bench_moe ${MOE_MODE:-decode} ($(el))"
     timeout "${MOE_BUDGET:-150}" "$B/bench_moe" "$out/moe_cuda.jsonl" "$(cat "$B/COMMIT" 2>/dev/null)" "${MOE_MODE:-decode}" 2>&1 |
-      grep -E "check|decode_b|PASS|FAIL|copy" | cut -c1-200
+      grep -E "check|decode_b|prefill_n|PASS|FAIL|copy|TFLOP" | cut -c1-200
   fi
   if on slice31 || on slice || on mla || on fused || on envcmp || on ncu_step; then
     rm -rf "$S" && mkdir -p "$S"

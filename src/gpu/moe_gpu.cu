@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/env.h"
 #include "gpu/blocks_gpu.cuh"
 #include "ops/cuda_util.cuh"
 #include "ops/moe_experts.h"
@@ -118,8 +119,11 @@ Status routed_fused(const GpuCtx& c, const ModelConfig& cfg, const MoeWeightsGpu
   K3_RETURN_IF_ERROR(moe_experts_check(ep));
   K3_RETURN_IF_ERROR(scratch.alloc_bytes(c, moe_experts_scratch_bytes(ep)));
   ep.scratch = scratch.as<void>();
+  // K3_MOE_WGMMA=0: prefill on the mma.sync kernel (the default before session 12) instead of the wgmma one
+  static const bool wgmma = env_switch("K3_MOE_WGMMA", true);
   for (int64_t t0 = 0; t0 < n_tok; t0 += kChunkTok) {
     ep.n_tok = std::min(kChunkTok, n_tok - t0);
+    ep.path = !wgmma && ep.n_tok > kMoeDecodeMaxTok ? MoePath::prefill_mma : MoePath::automatic;
     ep.z = zp + t0 * (one_gemm ? ld : dz), ep.ldz = one_gemm ? ld : dz;
     ep.sel = sel.as<int32_t>() + t0 * k, ep.wt = wt.f() + t0 * k;
     ep.y = y + t0 * dz, ep.ldy = dz;

@@ -1,5 +1,6 @@
-// mla_wgmma.cuh: internal to the MLA kernels (mla_decode_wgmma_cuda.cu): the Hopper (sm_90a) warpgroup MMA
-// instructions they use, as inline PTX. Not a public header.
+// mla_wgmma.cuh: internal to the warpgroup-MMA kernels (mla_decode_wgmma_cuda.cu, moe_experts_wgmma_cuda.cu):
+// the Hopper (sm_90a) warpgroup MMA instructions, descriptors and fences they use, as inline PTX. Not a public
+// header.
 //
 // Operands live in shared memory in the 128-byte-swizzle layout: a block of R rows x 64 bf16 (128 bytes a
 // row), rows contiguous, 8-row groups of 1024 bytes (1024-aligned); 16-byte chunk c of row r is stored at
@@ -36,15 +37,26 @@ __device__ __forceinline__ void wgmma_commit() {
 __device__ __forceinline__ void wgmma_wait0() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
+// Waits until at most N committed groups of this warpgroup are pending.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 // Generic-proxy shared-memory writes (st.shared, cp.async) made visible to the async proxy (wgmma).
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-// Keeps the compiler from moving accumulator reads/writes across a wgmma wait.
+// Keeps the compiler from moving accumulator reads/writes across a wgmma wait; on A registers after a wait,
+// keeps them live (unreused) until the wgmma that reads them is done.
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
 // d (64 x 64 fp32, the warpgroup's accumulator fragment) = (scale_d ? d : 0) + A (64 x 16) B (16 x 64), bf16

@@ -22,9 +22,14 @@
 //           shared memory. Loads in flight: the next chunk in registers at 1 token, a shared-memory ring
 //           of 3 chunks per warp (cp.async) from 2 tokens.
 //   prefill: rows (t, j) counting-sorted by expert on the device; a grouped GEMM whose blocks map to
-//           (expert, 64-row tile, neuron tile); MXFP4 decoded in the kernel into bf16 tiles in shared
-//           memory feeding mma.sync bf16 tensor cores (fp32 accumulate); SiTU fused after gate/up; the down
-//           GEMM writes each row back to its (t, j) slot; a last pass sums the slots in order.
+//           (expert, row tile, neuron tile); SiTU fused after gate/up; the down GEMM writes each row back to
+//           its (t, j) slot; a last pass sums the slots in order. Two kernels:
+//           wgmma (d_in and d_ff multiples of 128): tiles of <= 128 rows (an expert's rows split evenly),
+//             2 warpgroups of 64 neurons; MXFP4 decoded into the A registers of warpgroup MMAs (m64nNk16,
+//             N = the tile's rows rounded up to 16) whose B operand is the tile's activations, staged in
+//             shared memory by a 4-stage cp.async ring;
+//           mma (any shape, or path = prefill_mma): 64-row tiles, a byte -> bf16x2 table in shared memory,
+//             mma.sync m16n8k16.
 #pragma once
 
 #include <cstddef>
@@ -46,7 +51,7 @@ struct MoeExpertPtrs {
 };
 
 enum class MoeAct : uint8_t { silu, situ };
-enum class MoePath : uint8_t { automatic, decode, prefill };
+enum class MoePath : uint8_t { automatic, decode, prefill, prefill_mma };  // prefill_mma: never the wgmma kernel
 
 constexpr int kMoeDecodeMaxTok = 64;
 constexpr int kMoeMaxExpert = 4096;  // the device sort keeps 2 x n_expert ints in shared memory

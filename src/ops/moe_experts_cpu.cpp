@@ -1,7 +1,8 @@
 // moe_experts_cpu.cpp: the routed MXFP4 experts on the CPU by the CUDA kernels' algorithm (moe_experts.h):
 // the same counting sort and BT-row tiles per expert, the same permuted k order inside 128-column chunks,
-// the same byte -> bf16x2 table times the E8M0 scale and the same staging slots (prefill), the same nibble
-// pairs, scale factors and activation unit order (decode), all through the rules of moe_experts_layout.h;
+// the same byte -> bf16x2 table times the E8M0 scale and the same staging slots (mma prefill), the same nibble
+// pairs, scale factors and activation unit order (decode), the same pairs against activations in the wgmma
+// order with tiles split evenly (wgmma prefill), all through the rules of moe_experts_layout.h;
 // each k16 step adds its 16 products to the fp32 accumulator as one MMA does. So the op harness checks the
 // kernels' index and bit rules against moe_experts_ref without a GPU. Single-threaded and slow: a checking
 // backend, not the model's CPU path (model/moe.cpp runs the experts through ffn).
@@ -104,6 +105,33 @@ void row_dot_decode(const uint8_t* w, const uint8_t* s, int K, int n, const std:
   }
 }
 
+// row_dot by the wgmma prefill kernel's rules: X rows stored with each 128-column chunk in wg order
+// (moe::wg_pos), so step st of lane q meets the MMA's k positions st * 16 + 2q (b0) and st * 16 + 8 + 2q (b1)
+// with the decode kernel's nibble pairs.
+void row_dot_wg(const uint8_t* w, const uint8_t* s, int K, int n, const std::vector<const uint16_t*>& xr,
+                float* acc) {
+  for (size_t r = 0; r < xr.size(); ++r) acc[r] = 0.f;
+  for (int c0 = 0; c0 < K; c0 += moe::kChunk) {
+    uint32_t raw[4][4], ex[4];
+    load_chunk(w, s, K, n, c0, raw, ex);
+    for (size_t r = 0; r < xr.size(); ++r)
+      for (int st = 0; st < 8; ++st) {
+        const int wi = st >> 1, h = st & 1;
+        float part = 0.f;
+        for (int q = 0; q < 4; ++q) {
+          uint32_t b0, b1;
+          std::memcpy(&b0, xr[r] + c0 + st * 16 + 2 * q, 4);
+          std::memcpy(&b1, xr[r] + c0 + st * 16 + 8 + 2 * q, 4);
+          const uint32_t a0 = pair_weight(raw[q][wi], 2 * h, ex[q]),
+                         a2 = pair_weight(raw[q][wi], 2 * h + 1, ex[q]);
+          part += bf16_lo(a0) * bf16_lo(b0) + bf16_hi(a0) * bf16_hi(b0) + bf16_lo(a2) * bf16_lo(b1) +
+                  bf16_hi(a2) * bf16_hi(b1);
+        }
+        acc[r] += part;
+      }
+  }
+}
+
 float act(const MoeExpertsParams& p, float g, float u) {
   if (p.act == MoeAct::silu) return g / (1.0f + std::exp(-g)) * u;
   const float a = p.beta1 * std::tanh(g / p.beta1) * (1.0f / (1.0f + std::exp(-g)));
@@ -117,13 +145,17 @@ void moe_experts_cpu(const MoeExpertsParams& p) {
   const int64_t n_rows = p.n_tok * p.k, ldz = p.ldz ? p.ldz : p.d_in, ldy = p.ldy ? p.ldy : p.d_in;
   const int E = p.n_expert;
   const bool decode = p.path == MoePath::decode || (p.path == MoePath::automatic && p.n_tok <= kMoeDecodeMaxTok);
-  const int BT = decode ? moe::kDecodeTile : moe::kPrefillTile;
-  // decode: activations (z, h) stored with every 8-column unit in the decode kernel's order
-  auto at = [&](int i) { return decode ? (i & ~7) | moe::unit_pos(i & 7) : i; };
+  const bool wg = !decode && p.path != MoePath::prefill_mma && moe::wg_ok(p.d_in, p.d_ff);
+  const int BT = decode ? moe::kDecodeTile : wg ? moe::kWgTile : moe::kPrefillTile;
+  // decode: activations (z, h) stored with every 8-column unit in the decode kernel's order; wg: every
+  // 128-column chunk in the wgmma kernel's order
+  auto at = [&](int i) {
+    return decode ? (i & ~7) | moe::unit_pos(i & 7) : wg ? (i & ~127) | moe::wg_pos(i & 127) : i;
+  };
   std::vector<uint16_t> zb(size_t(p.n_tok * p.d_in));
   for (int64_t t = 0; t < p.n_tok; ++t)
     for (int i = 0; i < p.d_in; ++i) zb[size_t(t * p.d_in + at(i))] = f32_to_bf16(p.z[t * ldz + i]);
-  const auto dot = decode ? row_dot_decode : row_dot;
+  const auto dot = decode ? row_dot_decode : wg ? row_dot_wg : row_dot;
   // counting sort by expert, tiles of BT rows (the sort kernel's outputs; rows of an expert in row order)
   std::vector<int> cnt(size_t(E), 0), offsets(size_t(E) + 1, 0), tile_start(size_t(E) + 1, 0), order(static_cast<size_t>(n_rows));
   for (int64_t r = 0; r < n_rows; ++r) {
@@ -145,8 +177,9 @@ void moe_experts_cpu(const MoeExpertsParams& p) {
     const int K = pass == 0 ? p.d_in : p.d_ff, n_out = pass == 0 ? p.d_ff : p.d_in;
     for (int tile = 0; tile < tile_start[size_t(E)]; ++tile) {
       const int e = moe::tile_expert(tile_start.data(), E, tile);
-      const int r0 = offsets[size_t(e)] + (tile - tile_start[size_t(e)]) * BT;
-      const int n_r = std::min(BT, offsets[size_t(e) + 1] - r0);
+      int r0 = offsets[size_t(e)] + (tile - tile_start[size_t(e)]) * BT;
+      int n_r = std::min(BT, offsets[size_t(e) + 1] - r0);
+      if (wg) moe::wg_tile_rows(offsets.data(), tile_start.data(), e, tile, r0, n_r);
       std::vector<const uint16_t*> xr(static_cast<size_t>(n_r));
       for (int i = 0; i < n_r; ++i)
         xr[size_t(i)] = pass == 0 ? &zb[size_t(order[size_t(r0 + i)] / p.k) * p.d_in] : &h[size_t(r0 + i) * p.d_ff];

@@ -19,15 +19,14 @@
 #include <algorithm>
 #include <atomic>
 
-#include "ops/cuda_util.cuh"
-#include "ops/moe_experts.h"
-#include "ops/moe_experts_layout.h"
+#include "ops/moe_experts_cuda.cuh"
 
 namespace k3 {
 
 namespace {
 
 using namespace cuda_ops;
+using namespace moe_cuda;
 
 using moe::kChunk;
 constexpr int kWarps = 8;
@@ -73,12 +72,17 @@ Scratch carve(const MoeExpertsParams& p, void* base) {
   return s;
 }
 
-// zb = bf16(z); unit_order: each 8-column unit stored in the decode kernel's order (moe::unit_pos)
-__global__ void to_bf16_kernel(const float* z, int64_t ldz, int64_t n_tok, int d, bool unit_order,
+enum class XOrder : int { natural, unit, wg };
+
+// zb = bf16(z); unit: each 8-column unit stored in the decode kernel's order (moe::unit_pos); wg: each
+// 128-column chunk in the wgmma prefill kernel's order (moe::wg_pos)
+__global__ void to_bf16_kernel(const float* z, int64_t ldz, int64_t n_tok, int d, XOrder order,
                                __nv_bfloat16* zb) {
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= n_tok * d) return;
-  const int64_t dst = unit_order ? (e & ~int64_t(7)) | moe::unit_pos(int(e & 7)) : e;
+  const int64_t dst = order == XOrder::unit ? (e & ~int64_t(7)) | moe::unit_pos(int(e & 7))
+                      : order == XOrder::wg ? (e & ~int64_t(127)) | moe::wg_pos(int(e & 127))
+                                            : e;
   zb[dst] = __float2bfloat16_rn(z[(e / d) * ldz + e % d]);
 }
 
@@ -161,45 +165,6 @@ __global__ void combine_kernel(const __nv_bfloat16* o, const float* wt, int64_t 
   float acc = 0.f;
   for (int j = 0; j < k; ++j) acc += wt[t * k + j] * __bfloat162float(o[(t * k + j) * d + i]);
   y[t * ldy + i] = round_bf16_dev(acc);
-}
-
-struct GemmArgs {
-  const MoeExpertPtrs* experts;
-  const int4* tiles;      // decode: sort_kernel's tile table
-  const int* offsets;     // [E + 1]
-  const int* tile_start;  // [E + 1]
-  const int* order;       // [n_rows]
-  int E, k, n_out, K;     // neurons (rows of W), reduction length
-  const __nv_bfloat16* x; // DUAL: zb [n_tok, K] gathered by order / k; else h [n_rows, K] sorted
-  __nv_bfloat16* out;     // DUAL: h [n_rows, n_out] sorted; else o [n_rows, n_out] at order[r]
-  MoeAct act;
-  float beta1, beta2;
-};
-
-__device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
-
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-  __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
-  return *reinterpret_cast<uint32_t*>(&r);
-}
-
-__device__ __forceinline__ float act_dev(MoeAct act, float g, float u, float b1, float b2) {
-  if (act == MoeAct::silu) return g / (1.0f + expf(-g)) * u;
-  const float a = b1 * tanhf(g / b1) * (1.0f / (1.0f + expf(-g)));
-  return a * (b2 > 0 ? b2 * tanhf(u / b2) : u);
 }
 
 // One weight operand of a warp: 16 rows x 128 columns of the chunk; lane (g = lane / 4, q = lane % 4) holds
@@ -369,30 +334,6 @@ __device__ __forceinline__ void load_group(uint4& raw, uint32_t& ex, const uint8
   const bool ok = col_ok && row < n_out;
   raw = ldg16(w + size_t(row) * (K / 2) + col / 2, ok);
   ex = ok ? __ldg(sc + size_t(row) * (K / 32) + col / 32) : 127u;
-}
-
-// A registers of step pair `wi` (steps 2 wi, 2 wi + 1) for rows g / g + 8: 4 bf16x2 per step
-template <bool BIG>
-__device__ __forceinline__ void dec_frags(uint32_t w_g, uint32_t w_g8, uint32_t s_g, uint32_t s_g8,
-                                          uint32_t t_g, uint32_t t_g8, uint32_t (&f)[2][4]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    f[h][0] = bf16x2_mul(moe::e2m1_pair(w_g, 2 * h), s_g);
-    f[h][1] = bf16x2_mul(moe::e2m1_pair(w_g8, 2 * h), s_g8);
-    f[h][2] = bf16x2_mul(moe::e2m1_pair(w_g, 2 * h + 1), s_g);
-    f[h][3] = bf16x2_mul(moe::e2m1_pair(w_g8, 2 * h + 1), s_g8);
-    if constexpr (BIG) {  // e > kPairScaleMax: s_* = 2^126, t_* = 2^(e - 127)
-      f[h][0] = bf16x2_mul(f[h][0], t_g), f[h][1] = bf16x2_mul(f[h][1], t_g8);
-      f[h][2] = bf16x2_mul(f[h][2], t_g), f[h][3] = bf16x2_mul(f[h][3], t_g8);
-    }
-  }
-}
-
-// the factors of exponent e: s for the first multiply, t for the second (BIG chunks only; 1 where e is small)
-__device__ __forceinline__ void pair_scales(uint32_t e, uint32_t& s, uint32_t& t) {
-  const bool big = e > moe::kPairScaleMax;
-  s = big ? moe::kPairUnit : moe::e8m0_pair_scale(e);
-  t = big ? moe::e8m0_bf16x2(e) : 0x3F803F80u;
 }
 
 // acc += W[rows] x over one chunk; BIG: some exponent of the chunk exceeds kPairScaleMax (two multiplies)
@@ -1029,6 +970,19 @@ void run_path(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuCo
   launch_gemm<false, BT, REP>(a, n_rows, g);
 }
 
+// the wgmma prefill path (moe::wg_ok): tiles of <= kWgTile rows, activations and h in the wg order
+void run_wg(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g) {
+  sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(p.sel, int(n_rows), p.n_expert,
+                                                                          moe::kWgTile, s.offsets, s.tile_start,
+                                                                          s.order);
+  K3_CUDA_LAUNCH_CHECK();
+  GemmArgs a{p.experts, nullptr, s.offsets, s.tile_start, s.order, p.n_expert, p.k,
+             p.d_ff,    p.d_in,  s.zb,      s.h,          p.act,   p.beta1,    p.beta2};
+  launch_wgmma(a, true, n_rows, g.stream);
+  a.n_out = p.d_in, a.K = p.d_ff, a.x = s.h, a.out = s.o;
+  launch_wgmma(a, false, n_rows, g.stream);
+}
+
 }  // namespace
 
 size_t moe_experts_scratch_bytes(const MoeExpertsParams& p) { return carve(p, nullptr).bytes; }
@@ -1047,7 +1001,8 @@ constexpr int kRingMinTok = 2;
 // decode_lut_ok (n_tok <= 2), else the default; 15 = 13 with its down kernel launched with PDL; 16 = 15 with
 // 4 chunks in flight per warp, sized for 2 blocks per SM; 17 = the bulk-copy version where bulk_ok (a
 // ring of 4 stages, 4 CTAs per SM), else the default; 18 / 19 = the bulk-copy version with 3 stages and 5
-// CTAs / 6 stages and 3 CTAs.
+// CTAs / 6 stages and 3 CTAs; 20 = the default decode with the mma prefill kernel. Prefill runs on the wgmma
+// kernel only at variant 0 (where moe::wg_ok and path != prefill_mma).
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 
 void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g) { moe_experts_cuda_variant(p, g, 0); }
@@ -1068,8 +1023,10 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
   const bool stream = decode, lut = false;
   (void)variant;
 #endif
+  const bool wg = !decode && variant == 0 && p.path != MoePath::prefill_mma && moe::wg_ok(p.d_in, p.d_ff);
   to_bf16_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
-      p.z, p.ldz ? p.ldz : p.d_in, p.n_tok, p.d_in, stream && !lut, s.zb);
+      p.z, p.ldz ? p.ldz : p.d_in, p.n_tok, p.d_in,
+      stream && !lut ? XOrder::unit : wg ? XOrder::wg : XOrder::natural, s.zb);
   K3_CUDA_LAUNCH_CHECK();
 #ifdef K3_MOE_VARIANTS
   if (stream && !lut && bulk_ok(p) && variant == 17) {
@@ -1124,6 +1081,8 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
 #endif
         if (decode)
       run_path<moe::kDecodeTile>(p, s, n_rows, g);
+    else if (wg)
+      run_wg(p, s, n_rows, g);
     else
       run_path<moe::kPrefillTile>(p, s, n_rows, g);
   }

@@ -85,6 +85,28 @@ K3_HD int unit_pos(int c) {
   return (0x13570246 >> (4 * c)) & 7;
 }
 
+// ---- the warpgroup-MMA prefill kernel's rules (moe_experts_wgmma_cuda.cu) ----
+// The weights stay the A operand, now in registers of a wgmma m64nNk16 (same per-warp fragment as mma.sync
+// m16n8k16), decoded by the decode kernel's rules: k16 step s of a chunk is word s / 2 of lane q's group and
+// nibble pairs 2 (s % 2) (register k 2q, 2q + 1) and 2 (s % 2) + 1 (k 2q + 8, 2q + 9). The activations are
+// the B operand in shared memory, where the MMA reads k in order, so they are stored (z and h alike) with
+// every 128-column chunk permuted: column c of a chunk sits at position wg_pos(c), the MMA's k index
+// s * 16 + kk. Then a chunk is 256 contiguous bytes per token, staged by plain 16-byte copies.
+K3_HD int wg_pos(int c) {  // c = q * 32 + 8 wi + cw  ->  s * 16 + hi * 8 + 2 q + b
+  const int q = c >> 5, wi = (c >> 3) & 3, cw = c & 7;
+  const int t = 3 - (cw & 3), b = cw >> 2;  // nibble pair j = 2 h + hi holds columns (3 - j, 7 - j)
+  return (2 * wi + (t >> 1)) * 16 + (t & 1) * 8 + 2 * q + b;
+}
+K3_HD bool wg_ok(int d_in, int d_ff) { return d_in % 128 == 0 && d_ff % 128 == 0; }
+// a tile holds at most kWgTile rows; an expert's rows are split evenly over its ceil(rows / kWgTile) tiles
+constexpr int kWgTile = 128;
+K3_HD void wg_tile_rows(const int* offsets, const int* tile_start, int e, int tile, int& r0, int& n_r) {
+  const int nt = tile_start[e + 1] - tile_start[e], i = tile - tile_start[e];
+  const int cnt = offsets[e + 1] - offsets[e];
+  r0 = offsets[e] + int(int64_t(i) * cnt / nt);
+  n_r = offsets[e] + int(int64_t(i + 1) * cnt / nt) - r0;
+}
+
 // ---- the table version of the decode kernel (experts_decode_lut_kernel; bench variants 12-14, n_tok <= 2)
 // ---- Weights become bf16 pairs through a shared-memory table of byte -> e2m1x2_bf16x2(byte) (unscaled, so
 // every entry is a normal bf16: exact), one copy per lane so that 32 random lookups never share a bank: entry

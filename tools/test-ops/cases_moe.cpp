@@ -143,7 +143,7 @@ void add_experts(CaseList& cases, int64_t n_tok, int E, int k, int d_in, int d_f
   const std::string shape =
       "n_tok=" + std::to_string(n_tok) + " n_expert=" + std::to_string(E) + " k=" + std::to_string(k) +
       " d_in=" + std::to_string(d_in) + " d_ff=" + std::to_string(d_ff) +
-      (path == MoePath::decode ? " decode" : " prefill") + (act == MoeAct::silu ? " silu" : "") +
+      (path == MoePath::decode ? " decode" : path == MoePath::prefill_mma ? " prefill_mma" : " prefill") + (act == MoeAct::silu ? " silu" : "") +
       (scale_lo != 116 ? " scales>=" + std::to_string(scale_lo) : "");
   cases.push_back(std::make_unique<FnCase>(
       "moe_experts", shape, 1e-5,
@@ -234,6 +234,12 @@ K3_OP_CASES(moe_cases) {
     // exponents on both sides of the decode kernel's one-multiply limit (moe::kPairScaleMax = 128)
     add_experts(cases, 2, 7, 3, 96, 64, path, MoeAct::silu, 112, 24);
   }
+  // the wgmma prefill kernel (d_in, d_ff multiples of 128): tiles of 25 rows (N 32), 117 (N 128, one
+  // chunk of k), 45 with exponents past the one-multiply limit and a partial block of down rows (384 of 512)
+  add_experts(cases, 150, 24, 4, 256, 384, MoePath::prefill);
+  add_experts(cases, 700, 6, 3, 128, 256, MoePath::prefill);
+  add_experts(cases, 90, 16, 8, 384, 128, MoePath::prefill, MoeAct::silu, 112, 24);
+  add_experts(cases, 150, 24, 4, 256, 384, MoePath::prefill_mma);  // the same shape on the mma kernel
   // decode with reductions that are multiples of 512 (whole 512-column stages, as at K3's shapes)
   add_experts(cases, 1, 12, 4, 512, 1024, MoePath::decode);
   add_experts(cases, 9, 6, 3, 1024, 512, MoePath::decode, MoeAct::silu);

@@ -1,0 +1,84 @@
+// moe_experts_cuda.cuh: internal to the routed-expert kernels (moe_experts_cuda.cu, moe_experts_wgmma_cuda.cu):
+// their arguments and the device helpers both use (cp.async, the MMA, the decode of nibble pairs by the rules
+// of moe_experts_layout.h, the activation). Not a public header.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/cuda_util.cuh"
+#include "ops/moe_experts.h"
+#include "ops/moe_experts_layout.h"
+
+namespace k3::moe_cuda {
+
+struct GemmArgs {
+  const MoeExpertPtrs* experts;
+  const int4* tiles;      // decode: sort_kernel's tile table
+  const int* offsets;     // [E + 1]
+  const int* tile_start;  // [E + 1]
+  const int* order;       // [n_rows]
+  int E, k, n_out, K;     // neurons (rows of W), reduction length
+  const __nv_bfloat16* x; // DUAL: zb [n_tok, K] gathered by order / k; else h [n_rows, K] sorted
+  __nv_bfloat16* out;     // DUAL: h [n_rows, n_out] sorted; else o [n_rows, n_out] at order[r]
+  MoeAct act;
+  float beta1, beta2;
+};
+
+__device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+__device__ __forceinline__ float act_dev(MoeAct act, float g, float u, float b1, float b2) {
+  if (act == MoeAct::silu) return g / (1.0f + expf(-g)) * u;
+  const float a = b1 * tanhf(g / b1) * (1.0f / (1.0f + expf(-g)));
+  return a * (b2 > 0 ? b2 * tanhf(u / b2) : u);
+}
+
+// A registers of step pair `wi` (steps 2 wi, 2 wi + 1) for rows g / g + 8: 4 bf16x2 per step
+template <bool BIG>
+__device__ __forceinline__ void dec_frags(uint32_t w_g, uint32_t w_g8, uint32_t s_g, uint32_t s_g8,
+                                          uint32_t t_g, uint32_t t_g8, uint32_t (&f)[2][4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    f[h][0] = bf16x2_mul(moe::e2m1_pair(w_g, 2 * h), s_g);
+    f[h][1] = bf16x2_mul(moe::e2m1_pair(w_g8, 2 * h), s_g8);
+    f[h][2] = bf16x2_mul(moe::e2m1_pair(w_g, 2 * h + 1), s_g);
+    f[h][3] = bf16x2_mul(moe::e2m1_pair(w_g8, 2 * h + 1), s_g8);
+    if constexpr (BIG) {  // e > kPairScaleMax: s_* = 2^126, t_* = 2^(e - 127)
+      f[h][0] = bf16x2_mul(f[h][0], t_g), f[h][1] = bf16x2_mul(f[h][1], t_g8);
+      f[h][2] = bf16x2_mul(f[h][2], t_g), f[h][3] = bf16x2_mul(f[h][3], t_g8);
+    }
+  }
+}
+
+// the factors of exponent e: s for the first multiply, t for the second (BIG chunks only; 1 where e is small)
+__device__ __forceinline__ void pair_scales(uint32_t e, uint32_t& s, uint32_t& t) {
+  const bool big = e > moe::kPairScaleMax;
+  s = big ? moe::kPairUnit : moe::e8m0_pair_scale(e);
+  t = big ? moe::e8m0_bf16x2(e) : 0x3F803F80u;
+}
+
+// The wgmma prefill GEMM (moe_experts_wgmma_cuda.cu) over the tiles of sort_kernel run with BT = kWgTile:
+// DUAL gate/up -> h (wg order), else down -> o. Needs moe::wg_ok(d_in, d_ff).
+void launch_wgmma(const GemmArgs& a, bool dual, int64_t n_rows, cudaStream_t stream);
+
+}  // namespace k3::moe_cuda

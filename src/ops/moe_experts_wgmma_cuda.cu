@@ -1,0 +1,226 @@
+// moe_experts_wgmma_cuda.cu: the routed experts' prefill GEMMs on Hopper warpgroup MMAs (moe_experts.h, the
+// wgmma prefill path; index rules: moe_experts_layout.h "warpgroup-MMA prefill"; mirrored on the host by
+// moe_experts_cpu.cpp).
+//
+// C^T = W X^T per expert, as in the other kernels: the weights are the MMA's A operand (M = 64 neurons a
+// warpgroup), X^T its B operand (N = the tile's rows rounded up to 16, <= 128).
+// Block = 2 warpgroups (256 threads) on one (neuron block, tile of <= 128 sorted rows of one expert):
+//   DUAL (gate/up): warpgroup w owns neurons n0 + 64 w .. + 63 of w1 (accA) and of w3 (accB): 128 a block;
+//   down:           warpgroup w owns rows n0 + 128 w .. + 63 (accA) and + 64 .. + 127 (accB): 256 a block.
+// Weights: a lane loads the 16 bytes of its 32-column group for rows g and g + 8 of each operand straight
+// into registers, one chunk (128 columns) ahead, and decodes them into the A registers by the decode
+// kernel's nibble-pair rules (moe::e2m1_pair times 2^(e - 1)); no weight byte goes through shared memory.
+// Activations: the tile's rows, stored in the wg order (moe::wg_pos), are copied per chunk into two
+// 128-byte-swizzled blocks of N rows x 64 (the k order the MMA reads) by a 4-slot cp.async ring, 2 chunks
+// ahead (a slot is rewritten only after every warpgroup retired the chunk that read it, 2 chunks back).
+// Per chunk, 8 k16 steps in 4 pairs: decode a pair into one of two register sets, fence, 4 wgmma (2 steps x
+// 2 operands), commit, then wait until the previous pair's group is done, which frees the other set.
+// Grid: x = neuron blocks (fastest, so the blocks of one tile run together and share its X from L2), y =
+// tiles (an upper bound; blocks past the last tile return).
+#include <cuda_bf16.h>
+
+#include <atomic>
+
+#include "core/cuda_check.h"
+#include "ops/mla_wgmma.cuh"
+#include "ops/moe_experts_cuda.cuh"
+#include "ops/wgmma_rs.cuh"
+
+namespace k3::moe_cuda {
+
+namespace {
+
+using cuda_ops::round_bf16_dev;
+using mla_detail::fence_proxy_async;
+using mla_detail::fence_regs;
+using mla_detail::sw128;
+using mla_detail::wgmma_commit;
+using mla_detail::wgmma_desc;
+using mla_detail::wgmma_fence;
+
+constexpr int kThreads = 256, kSlots = 4, kMaxN = moe::kWgTile;
+constexpr size_t kSmem = 1024 + size_t(kSlots) * kMaxN * 256;  // + 1024: base alignment of the swizzle
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+struct WgRaw {        // one lane's weights of one chunk
+  uint4 a0, a1, b0, b1;  // rows g, g + 8 of operand A, then of B: the 16 bytes of the lane's group
+  uint32_t ex[4];        // their E8M0 exponents
+};
+
+__device__ __forceinline__ void load_raw(WgRaw& r, const uint8_t* wA, const uint8_t* sA, const uint8_t* wB,
+                                         const uint8_t* sB, int K, int n_out, int rowA, int rowB, int col) {
+  const size_t kb = size_t(K / 2), ks = size_t(K / 32);
+  const bool a0 = rowA < n_out, a1 = rowA + 8 < n_out, b0 = rowB < n_out, b1 = rowB + 8 < n_out;
+  const uint4 z = make_uint4(0, 0, 0, 0);
+  r.a0 = a0 ? __ldg(reinterpret_cast<const uint4*>(wA + rowA * kb + col / 2)) : z;
+  r.a1 = a1 ? __ldg(reinterpret_cast<const uint4*>(wA + (rowA + 8) * kb + col / 2)) : z;
+  r.b0 = b0 ? __ldg(reinterpret_cast<const uint4*>(wB + rowB * kb + col / 2)) : z;
+  r.b1 = b1 ? __ldg(reinterpret_cast<const uint4*>(wB + (rowB + 8) * kb + col / 2)) : z;
+  r.ex[0] = a0 ? __ldg(sA + rowA * ks + col / 32) : 127u;
+  r.ex[1] = a1 ? __ldg(sA + (rowA + 8) * ks + col / 32) : 127u;
+  r.ex[2] = b0 ? __ldg(sB + rowB * ks + col / 32) : 127u;
+  r.ex[3] = b1 ? __ldg(sB + (rowB + 8) * ks + col / 32) : 127u;
+}
+
+// A registers of steps 2 wi, 2 wi + 1 for both operands: f[0] = A's, f[1] = B's, each [step][4]
+template <bool BIG>
+__device__ __forceinline__ void decode_pair(const WgRaw& r, const uint32_t (&s)[4], const uint32_t (&t)[4],
+                                            int wi, uint32_t (&fa)[2][4], uint32_t (&fb)[2][4]) {
+  dec_frags<BIG>((&r.a0.x)[wi], (&r.a1.x)[wi], s[0], s[1], t[0], t[1], fa);
+  dec_frags<BIG>((&r.b0.x)[wi], (&r.b1.x)[wi], s[2], s[3], t[2], t[3], fb);
+}
+
+template <bool DUAL, int N>
+__device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeExpertPtrs& ep, int r0, int n_r,
+                                        const int* src_row, uint32_t smem) {
+  constexpr int NA = N / 2;            // accumulator registers per operand
+  constexpr uint32_t kBlock = N * 128;  // one swizzled block: N rows x 64 bf16
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, w4 = warp & 3;
+  const int g = lane >> 2, q = lane & 3;
+  const int n0 = blockIdx.x * (DUAL ? 128 : 256);
+  const int rowA = n0 + (DUAL ? 64 : 128) * wg + 16 * w4 + g, rowB = DUAL ? rowA : rowA + 64;
+  const uint8_t* wA = DUAL ? ep.w1 : ep.w2;
+  const uint8_t* sA = DUAL ? ep.s1 : ep.s2;
+  const uint8_t* wB = DUAL ? ep.w3 : ep.w2;
+  const uint8_t* sB = DUAL ? ep.s3 : ep.s2;
+  const int n_chunk = a.K / moe::kChunk;
+
+  auto stage = [&](int c) {  // chunk c of the tile's X rows into slot c % kSlots (zeros past n_r)
+    const uint32_t slot = smem + uint32_t(c % kSlots) * 2 * kBlock;
+    for (int i = tid; i < N * 16; i += kThreads) {
+      const int r = i >> 4, u = i & 15;
+      const int src = src_row[r];
+      const __nv_bfloat16* gp = a.x + (src >= 0 ? size_t(src) * a.K + size_t(c) * moe::kChunk + u * 8 : 0);
+      const uint32_t dst = slot + uint32_t(u >> 3) * kBlock + sw128(r, u & 7);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gp),
+                   "r"(src >= 0 ? 16 : 0));
+    }
+    cp_async_commit();
+  };
+
+  float accA[NA], accB[NA];
+#pragma unroll
+  for (int i = 0; i < NA; ++i) accA[i] = accB[i] = 0.f;
+  stage(0);
+  if (n_chunk > 1) stage(1);
+  else cp_async_commit();
+  WgRaw cur;
+  load_raw(cur, wA, sA, wB, sB, a.K, a.n_out, rowA, rowB, q * 32);
+  uint32_t f[2][2][2][4];  // [register set][operand][step][4]: set wi % 2 feeds steps 2 wi, 2 wi + 1
+  for (int c = 0; c < n_chunk; ++c) {
+    cp_async_wait<1>();  // this thread's copies of chunk c are done (chunk c + 1's may still fly)
+    fence_proxy_async();
+    __syncthreads();     // everyone's copies of chunk c landed; chunk c - 2's wgmmas retired everywhere
+    if (c + 2 < n_chunk) stage(c + 2);
+    else cp_async_commit();  // an empty group keeps the count of pending groups uniform
+    WgRaw nxt;
+    if (c + 1 < n_chunk) load_raw(nxt, wA, sA, wB, sB, a.K, a.n_out, rowA, rowB, (c + 1) * moe::kChunk + q * 32);
+    uint32_t s[4], t[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pair_scales(cur.ex[i], s[i], t[i]);
+    const bool big = __any_sync(0xffffffffu, max(max(cur.ex[0], cur.ex[1]), max(cur.ex[2], cur.ex[3])) >
+                                                 moe::kPairScaleMax);  // warp-uniform; the MMAs stay outside
+    const uint32_t slot = smem + uint32_t(c % kSlots) * 2 * kBlock;
+#pragma unroll
+    for (int wi = 0; wi < 4; ++wi) {
+      uint32_t(&fa)[2][4] = f[wi & 1][0];
+      uint32_t(&fb)[2][4] = f[wi & 1][1];
+      if (big)
+        decode_pair<true>(cur, s, t, wi, fa, fb);
+      else
+        decode_pair<false>(cur, s, t, wi, fa, fb);
+      wgmma_fence();
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int st = 2 * wi + h;  // k16 step: block st / 4, 32 bytes per step inside it
+        const uint64_t desc = wgmma_desc(slot + uint32_t(st >> 2) * kBlock + uint32_t(st & 3) * 32, 16, 1024);
+        wgmma::RS<N>::mma(accA, fa[h], desc, 1);
+        wgmma::RS<N>::mma(accB, fb[h], desc, 1);
+      }
+      wgmma_commit();
+      mla_detail::wgmma_wait<1>();  // the previous pair is done: its register set may be rewritten
+#pragma unroll
+      for (int o = 0; o < 2; ++o)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) fence_regs(f[(wi + 1) & 1][o][h]);
+    }
+    if (c + 1 < n_chunk) cur = nxt;
+  }
+  mla_detail::wgmma_wait0();
+  fence_regs(accA);
+  fence_regs(accB);
+  // accumulator d[4 j + e]: neuron row 16 w4 + g + 8 (e / 2) of the warpgroup's 64, token 8 j + 2 q + e % 2
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int tok = 8 * j + 2 * q + (e & 1), nr = 16 * w4 + g + 8 * (e >> 1);
+      if (tok >= n_r) continue;
+      const int i = 4 * j + e;
+      if constexpr (DUAL) {
+        const int neuron = n0 + 64 * wg + nr;
+        if (neuron >= a.n_out) continue;
+        const float gv = round_bf16_dev(accA[i]), uv = round_bf16_dev(accB[i]);
+        const int pos = (neuron & ~127) | moe::wg_pos(neuron & 127);  // h in wg order: the down GEMM's X
+        a.out[size_t(r0 + tok) * a.n_out + pos] = __float2bfloat16_rn(act_dev(a.act, gv, uv, a.beta1, a.beta2));
+      } else {
+        const size_t orow = size_t(a.order[r0 + tok]) * a.n_out;
+        const int nA = n0 + 128 * wg + nr;
+        if (nA < a.n_out) a.out[orow + nA] = __float2bfloat16_rn(accA[i]);
+        if (nA + 64 < a.n_out) a.out[orow + nA + 64] = __float2bfloat16_rn(accB[i]);
+      }
+    }
+}
+
+template <bool DUAL>
+__global__ void __launch_bounds__(kThreads, 1) experts_wgmma_kernel(GemmArgs a) {
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ int src_row[kMaxN];  // X row of each tile row (-1: none)
+  const int tile = blockIdx.y;
+  if (tile >= a.tile_start[a.E]) return;
+  const int e = moe::tile_expert(a.tile_start, a.E, tile);
+  int r0, n_r;
+  moe::wg_tile_rows(a.offsets, a.tile_start, e, tile, r0, n_r);
+  const int tid = threadIdx.x;
+  if (tid < kMaxN) src_row[tid] = tid < n_r ? (DUAL ? a.order[r0 + tid] / a.k : r0 + tid) : -1;
+  __syncthreads();
+  const MoeExpertPtrs ep = a.experts[e];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t smem = (raw + 1023) & ~1023u;
+  switch ((n_r + 15) / 16) {  // block-uniform: N = rows rounded up to 16
+    case 1: wg_tile<DUAL, 16>(a, ep, r0, n_r, src_row, smem); break;
+    case 2: wg_tile<DUAL, 32>(a, ep, r0, n_r, src_row, smem); break;
+    case 3: wg_tile<DUAL, 48>(a, ep, r0, n_r, src_row, smem); break;
+    case 4: wg_tile<DUAL, 64>(a, ep, r0, n_r, src_row, smem); break;
+    case 5: wg_tile<DUAL, 80>(a, ep, r0, n_r, src_row, smem); break;
+    case 6: wg_tile<DUAL, 96>(a, ep, r0, n_r, src_row, smem); break;
+    case 7: wg_tile<DUAL, 112>(a, ep, r0, n_r, src_row, smem); break;
+    default: wg_tile<DUAL, 128>(a, ep, r0, n_r, src_row, smem); break;
+  }
+}
+
+}  // namespace
+
+void launch_wgmma(const GemmArgs& a, bool dual, int64_t n_rows, cudaStream_t stream) {
+  K3_ASSERT(a.K % moe::kChunk == 0);
+  const int64_t max_tiles = (n_rows + moe::kWgTile - 1) / moe::kWgTile + std::min<int64_t>(a.E, n_rows);
+  K3_ASSERT(max_tiles < 65536);
+  const int per_block = dual ? 128 : 256;
+  const dim3 grid(unsigned((a.n_out + per_block - 1) / per_block), unsigned(max_tiles));
+  static std::atomic<bool> sized[64];
+  int dev = 0;
+  K3_CUDA_ASSERT(cudaGetDevice(&dev));
+  if (dev >= 64 || !sized[dev].load()) {
+    for (auto f : {experts_wgmma_kernel<true>, experts_wgmma_kernel<false>})
+      K3_CUDA_ASSERT(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    if (dev < 64) sized[dev] = true;
+  }
+  (dual ? experts_wgmma_kernel<true> : experts_wgmma_kernel<false>)<<<grid, kThreads, kSmem, stream>>>(a);
+  K3_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace k3::moe_cuda
