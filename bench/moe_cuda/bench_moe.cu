@@ -4,7 +4,8 @@
 //
 //   bench_moe [OUT.jsonl] [COMMIT] [MODE]
 //     MODE: all (default), decode (K3-shape decode checks and timings only; the K3 decode check's launches
-//     come first, for a profiler), prefill (the prefill kernels' checks and timings only) or bulk
+//     come first, for a profiler), prefill (the prefill kernels' checks and timings only), profile (one
+//     K3 prefill of 4096 tokens on each prefill kernel, nothing else) or bulk
 // 1. peers: cudaMemcpy D2D of 2 GiB (copy GB/s = read + write bytes / time); cuBLAS bf16 GEMM 8192^3 with
 //    fp32 accumulation (TFLOP/s).
 // 2. correctness: small odd shapes (both paths) and K3 shapes (decode batch 1 and 2 tokens of a 4096-token
@@ -259,7 +260,7 @@ int main(int argc, char** argv) {
   if (argc > 2) g_commit = argv[2];
   const std::string mode = argc > 3 ? argv[3] : "all";
   const bool pre = mode == "prefill";  // the prefill kernels only: their checks and timings
-  const bool all = mode != "decode" && mode != "bulk" && !pre;
+  const bool all = mode != "decode" && mode != "bulk" && mode != "profile" && !pre;
   const bool bulk = mode == "bulk";  // the bulk-copy variants only: short checks, timings at 1 and 64 tokens
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -302,6 +303,16 @@ int main(int argc, char** argv) {
   Experts ex;
   ex.make(E, d_in, d_ff, 17);
   CK(cudaDeviceSynchronize());
+  if (mode == "profile") {  // one K3 prefill of 4096 tokens per variant (0, 20), for a profiler
+    for (int v : {0, 20}) {
+      std::mt19937 rng(22);
+      Routing r = make_routing(rng, 4096, E, k, d_in);
+      Run run(ex, r, 4096, k, MoePath::prefill);
+      moe_experts_cuda_variant(run.p, g, v);
+      CK(cudaStreamSynchronize(st));
+    }
+    return 0;
+  }
   if (!pre) check("k3 decode", ex, 1, k, MoePath::decode, 21, 1, g);
   if (!bulk && !pre) {
     check("k3 decode b8", ex, 8, k, MoePath::decode, 23, 8, g);
