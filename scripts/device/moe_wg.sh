@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# scripts/device/moe_wg.sh: session 12's device call for the wgmma MoE prefill kernel: the *Gpu* tests,
+# test-ops moe_experts on the GPU, bench_moe prefill (checks against fp64, timings of both prefill kernels),
+# then Nsight Compute over one K3 prefill of 4096 tokens on each kernel (bench_moe profile).
+#   here:   bash scripts/device/validate.sh --pack build-slice   (bench_moe from bench/moe_cuda/build.sh)
+#   device: bash scripts/device/moe_wg.sh   ($OUT/validate/..., $OUT/ncu_moe.txt)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+STEPS=${STEPS:-"tests ops moe"} OPS=${OPS:-moe_experts} OPS_TAIL=${OPS_TAIL:-40} MOE_MODE=${MOE_MODE:-prefill} \
+  MOE_BUDGET=${MOE_BUDGET:-240} bash scripts/device/validate.sh
+B=.carry/dev/validate
+export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+if [ "${NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
+  echo "== ncu bench_moe profile"
+  timeout "${NCU_BUDGET:-200}" ncu --kernel-name regex:'experts_(wgmma|gemm)' --clock-control none \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
+    --section LaunchStats "$B/bench_moe" /dev/null x profile >"${OUT:-/tmp}/ncu_moe.txt" 2>&1
+  echo "rc=$?"
+  grep -E 'experts_|Duration|Throughput|Pipe|Issue Slots|Executed Ipc|Registers Per|Achieved Occ|Stall|Warp Cycles' \
+    "${OUT:-/tmp}/ncu_moe.txt" | cut -c1-160 | head -90
+fi
