@@ -10,12 +10,17 @@ STEPS=${STEPS:-"tests ops moe"} OPS=${OPS:-moe_experts} OPS_TAIL=${OPS_TAIL:-40}
   MOE_BUDGET=${MOE_BUDGET:-240} bash scripts/device/validate.sh
 B=.carry/dev/validate
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+if [ -n "${DECODE:-1}" ]; then  # the decode kernel shares the nibble-pair rule (moe::e2m1_pair)
+  echo "== bench_moe decode"
+  timeout "${DECODE_BUDGET:-150}" "$B/bench_moe" "${OUT:-/tmp}/validate/moe_cuda.jsonl" "$(cat "$B/COMMIT")" decode 2>&1 |
+    grep -E 'FAIL|PASS|"decode_b[0-9]+_us"' | cut -c1-220
+fi
 if [ "${NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
   echo "== ncu bench_moe profile"
-  timeout "${NCU_BUDGET:-200}" ncu --kernel-name regex:'experts_(wgmma|gemm)' --clock-control none \
-    --section SpeedOfLight --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
-    --section LaunchStats "$B/bench_moe" /dev/null x profile >"${OUT:-/tmp}/ncu_moe.txt" 2>&1
+  timeout "${NCU_BUDGET:-200}" ncu --kernel-name regex:'experts_wgmma' --clock-control none \
+    --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section SourceCounters \
+    --print-details all "$B/bench_moe" /dev/null x profile >"${OUT:-/tmp}/ncu_moe.txt" 2>&1
   echo "rc=$?"
-  grep -E 'experts_|Duration|Throughput|Pipe|Issue Slots|Executed Ipc|Registers Per|Achieved Occ|Stall|Warp Cycles' \
-    "${OUT:-/tmp}/ncu_moe.txt" | cut -c1-160 | head -90
+  grep -E 'experts_|Duration|Throughput|Pipe|Issue Slots|Executed Ipc|Stall|Warp Cycles|stall|Tensor|tensor' \
+    "${OUT:-/tmp}/ncu_moe.txt" | cut -c1-160 | head -120
 fi

@@ -67,9 +67,14 @@ constexpr int kDecodeTile = 8, kPrefillTile = 64;
 // w is nibbles 3 - j (low half) and 7 - j (high half), i.e. columns 3 - j and 7 - j of the word's 8 columns:
 // its sign bit lands on the bf16 sign and its 3 magnitude bits on the lowest 2 exponent bits and the top
 // mantissa bit, which encodes 2^-126 times the e2m1 value (E = 0 as the bf16 subnormal m * 2^-127).
+// Each half is one multiply of the masked nibble by 2^a + 2^b: one copy lands the sign on bit 15 (31), the
+// other the magnitude on bits 6..8 (22..24), and the two copies never overlap (no carries); pairs 0 and 1
+// shift right by 6 first (shared). Three operations a pair (four as shifts and masks): bit-identical to
+// ((w << 4 j) & 0x80008000) | (((w << 4 j) >> 6) & 0x01C001C0), checked over all words (test_moe_layout).
 K3_HD uint32_t e2m1_pair(uint32_t w, int j) {
-  w <<= 4 * j;
-  return (w & 0x80008000u) | ((w >> 6) & 0x01C001C0u);
+  const uint32_t mask = j == 0 ? 0x03C003C0u : j == 1 ? 0x003C003Cu : j == 2 ? 0x00F000F0u : 0x000F000Fu;
+  const uint32_t mul = j == 0 ? 65u : j == 1 ? 1040u : j == 2 ? 260u : 4160u;
+  return (((j < 2 ? w >> 6 : w) & mask) * mul) & 0x81C081C0u;
 }
 // the factor that turns e2m1_pair values into weights: 2^126 * 2^(e - 127) = 2^(e - 1), as bf16x2 bits, for
 // e <= kPairScaleMax; larger e multiply by 2^126 (kPairUnit) and then by e8m0_bf16x2(e)

@@ -20,6 +20,7 @@
 #include <cuda_bf16.h>
 
 #include <atomic>
+#include <type_traits>
 
 #include "core/cuda_check.h"
 #include "ops/mla_wgmma.cuh"
@@ -51,19 +52,23 @@ struct WgRaw {        // one lane's weights of one chunk
   uint32_t ex[4];        // their E8M0 exponents
 };
 
-__device__ __forceinline__ void load_raw(WgRaw& r, const uint8_t* wA, const uint8_t* sA, const uint8_t* wB,
-                                         const uint8_t* sB, int K, int n_out, int rowA, int rowB, int col) {
-  const size_t kb = size_t(K / 2), ks = size_t(K / 32);
-  const bool a0 = rowA < n_out, a1 = rowA + 8 < n_out, b0 = rowB < n_out, b1 = rowB + 8 < n_out;
+struct WgRows {  // one lane's rows g (A: w[0], B: w[1]) and g + 8 (+ 8 rows): its group's bytes, scales
+  const uint8_t *w[2], *s[2];
+  uint32_t w8, s8;  // bytes of 8 rows of weights / scales
+  uint32_t ok;      // bit i: row i of (A g, A g + 8, B g, B g + 8) is below n_out (else zeros, exponent 127)
+};
+
+__device__ __forceinline__ void load_raw(WgRaw& r, const WgRows& rows, int c) {
   const uint4 z = make_uint4(0, 0, 0, 0);
-  r.a0 = a0 ? __ldg(reinterpret_cast<const uint4*>(wA + rowA * kb + col / 2)) : z;
-  r.a1 = a1 ? __ldg(reinterpret_cast<const uint4*>(wA + (rowA + 8) * kb + col / 2)) : z;
-  r.b0 = b0 ? __ldg(reinterpret_cast<const uint4*>(wB + rowB * kb + col / 2)) : z;
-  r.b1 = b1 ? __ldg(reinterpret_cast<const uint4*>(wB + (rowB + 8) * kb + col / 2)) : z;
-  r.ex[0] = a0 ? __ldg(sA + rowA * ks + col / 32) : 127u;
-  r.ex[1] = a1 ? __ldg(sA + (rowA + 8) * ks + col / 32) : 127u;
-  r.ex[2] = b0 ? __ldg(sB + rowB * ks + col / 32) : 127u;
-  r.ex[3] = b1 ? __ldg(sB + (rowB + 8) * ks + col / 32) : 127u;
+  uint4* dst[4] = {&r.a0, &r.a1, &r.b0, &r.b1};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const bool ok = rows.ok >> i & 1;
+    const uint8_t* w = rows.w[i / 2] + (i & 1) * rows.w8 + c * (moe::kChunk / 2);
+    const uint8_t* sc = rows.s[i / 2] + (i & 1) * rows.s8 + c * (moe::kChunk / 32);
+    *dst[i] = ok ? __ldg(reinterpret_cast<const uint4*>(w)) : z;
+    r.ex[i] = ok ? __ldg(sc) : 127u;
+  }
 }
 
 // A registers of steps 2 wi, 2 wi + 1 for both operands: f[0] = A's, f[1] = B's, each [step][4]
@@ -76,29 +81,37 @@ __device__ __forceinline__ void decode_pair(const WgRaw& r, const uint32_t (&s)[
 
 template <bool DUAL, int N>
 __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeExpertPtrs& ep, int r0, int n_r,
-                                        const int* src_row, uint32_t smem) {
-  constexpr int NA = N / 2;            // accumulator registers per operand
+                                        const int64_t* row_off, uint32_t smem) {
+  constexpr int NA = N / 2;             // accumulator registers per operand
   constexpr uint32_t kBlock = N * 128;  // one swizzled block: N rows x 64 bf16
+  constexpr int kCopies = (N * 16 + kThreads - 1) / kThreads;  // 16-byte copies a thread per chunk
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, w4 = warp & 3;
   const int g = lane >> 2, q = lane & 3;
   const int n0 = blockIdx.x * (DUAL ? 128 : 256);
   const int rowA = n0 + (DUAL ? 64 : 128) * wg + 16 * w4 + g, rowB = DUAL ? rowA : rowA + 64;
-  const uint8_t* wA = DUAL ? ep.w1 : ep.w2;
-  const uint8_t* sA = DUAL ? ep.s1 : ep.s2;
-  const uint8_t* wB = DUAL ? ep.w3 : ep.w2;
-  const uint8_t* sB = DUAL ? ep.s3 : ep.s2;
+  WgRows rows;
+  rows.w[0] = (DUAL ? ep.w1 : ep.w2) + size_t(rowA) * (a.K / 2) + q * 16;
+  rows.w[1] = (DUAL ? ep.w3 : ep.w2) + size_t(rowB) * (a.K / 2) + q * 16;
+  rows.s[0] = (DUAL ? ep.s1 : ep.s2) + size_t(rowA) * (a.K / 32) + q;
+  rows.s[1] = (DUAL ? ep.s3 : ep.s2) + size_t(rowB) * (a.K / 32) + q;
+  rows.w8 = uint32_t(8 * (a.K / 2)), rows.s8 = uint32_t(8 * (a.K / 32));
+  rows.ok = uint32_t(rowA < a.n_out) | uint32_t(rowA + 8 < a.n_out) << 1 | uint32_t(rowB < a.n_out) << 2 |
+            uint32_t(rowB + 8 < a.n_out) << 3;
   const int n_chunk = a.K / moe::kChunk;
-
-  auto stage = [&](int c) {  // chunk c of the tile's X rows into slot c % kSlots (zeros past n_r)
-    const uint32_t slot = smem + uint32_t(c % kSlots) * 2 * kBlock;
-    for (int i = tid; i < N * 16; i += kThreads) {
-      const int r = i >> 4, u = i & 15;
-      const int src = src_row[r];
-      const __nv_bfloat16* gp = a.x + (src >= 0 ? size_t(src) * a.K + size_t(c) * moe::kChunk + u * 8 : 0);
-      const uint32_t dst = slot + uint32_t(u >> 3) * kBlock + sw128(r, u & 7);
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gp),
-                   "r"(src >= 0 ? 16 : 0));
-    }
+  // the tile's X rows: thread copies 16-byte unit u = tid % 16 of rows tid / 16 + 16 i (the swizzle's row
+  // phase r % 8 is the same for all of them)
+  const int u = tid & 15, rq = tid >> 4;
+  const uint32_t dst0 = uint32_t(u >> 3) * kBlock + sw128(rq, u & 7);
+  const char* x = reinterpret_cast<const char*>(a.x) + u * 16;
+  // chunk c of the tile's X rows into slot c % kSlots; rows past n_r repeat row 0: an MMA's output column
+  // depends on its own B column only, and those token columns are never stored
+  auto stage = [&](int c) {
+    const uint32_t slot = smem + uint32_t(c % kSlots) * 2 * kBlock + dst0;
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i)
+      if (rq + 16 * i < N)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(slot + uint32_t(i) * 16 * 128),
+                     "l"(x + row_off[rq + 16 * i] + c * moe::kChunk * 2));
     cp_async_commit();
   };
 
@@ -109,30 +122,17 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeExpertPtrs& 
   if (n_chunk > 1) stage(1);
   else cp_async_commit();
   WgRaw cur;
-  load_raw(cur, wA, sA, wB, sB, a.K, a.n_out, rowA, rowB, q * 32);
-  uint32_t f[2][2][2][4];  // [register set][operand][step][4]: set wi % 2 feeds steps 2 wi, 2 wi + 1
-  for (int c = 0; c < n_chunk; ++c) {
-    cp_async_wait<1>();  // this thread's copies of chunk c are done (chunk c + 1's may still fly)
-    fence_proxy_async();
-    __syncthreads();     // everyone's copies of chunk c landed; chunk c - 2's wgmmas retired everywhere
-    if (c + 2 < n_chunk) stage(c + 2);
-    else cp_async_commit();  // an empty group keeps the count of pending groups uniform
-    WgRaw nxt;
-    if (c + 1 < n_chunk) load_raw(nxt, wA, sA, wB, sB, a.K, a.n_out, rowA, rowB, (c + 1) * moe::kChunk + q * 32);
-    uint32_t s[4], t[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) pair_scales(cur.ex[i], s[i], t[i]);
-    const bool big = __any_sync(0xffffffffu, max(max(cur.ex[0], cur.ex[1]), max(cur.ex[2], cur.ex[3])) >
-                                                 moe::kPairScaleMax);  // warp-uniform; the MMAs stay outside
-    const uint32_t slot = smem + uint32_t(c % kSlots) * 2 * kBlock;
+  load_raw(cur, rows, 0);
+  uint32_t f[2][2][2][4] = {};  // [register set][operand][step][4]: set wi % 2 feeds steps 2 wi, 2 wi + 1
+
+  // one chunk's 8 k16 steps; BIG: some exponent exceeds kPairScaleMax (CTA-uniform, so every warp of a
+  // warpgroup issues the same wgmma instructions)
+  auto steps = [&](auto big, uint32_t slot, const uint32_t(&s)[4], const uint32_t(&t)[4]) {
 #pragma unroll
     for (int wi = 0; wi < 4; ++wi) {
       uint32_t(&fa)[2][4] = f[wi & 1][0];
       uint32_t(&fb)[2][4] = f[wi & 1][1];
-      if (big)
-        decode_pair<true>(cur, s, t, wi, fa, fb);
-      else
-        decode_pair<false>(cur, s, t, wi, fa, fb);
+      decode_pair<decltype(big)::value>(cur, s, t, wi, fa, fb);
       wgmma_fence();
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -148,6 +148,26 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeExpertPtrs& 
 #pragma unroll
         for (int h = 0; h < 2; ++h) fence_regs(f[(wi + 1) & 1][o][h]);
     }
+  };
+
+  for (int c = 0; c < n_chunk; ++c) {
+    cp_async_wait<1>();  // this thread's copies of chunk c are done (chunk c + 1's may still fly)
+    fence_proxy_async();
+    const bool big_here = max(max(cur.ex[0], cur.ex[1]), max(cur.ex[2], cur.ex[3])) > moe::kPairScaleMax;
+    // everyone's copies of chunk c landed; chunk c - 2's wgmmas retired everywhere
+    const bool big = __syncthreads_or(big_here);
+    if (c + 2 < n_chunk) stage(c + 2);
+    else cp_async_commit();  // an empty group keeps the count of pending groups uniform
+    WgRaw nxt;
+    if (c + 1 < n_chunk) load_raw(nxt, rows, c + 1);
+    uint32_t s[4], t[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pair_scales(cur.ex[i], s[i], t[i]);
+    const uint32_t slot = smem + uint32_t(c % kSlots) * 2 * kBlock;
+    if (big)
+      steps(std::true_type{}, slot, s, t);
+    else
+      steps(std::false_type{}, slot, s, t);
     if (c + 1 < n_chunk) cur = nxt;
   }
   mla_detail::wgmma_wait0();
@@ -179,27 +199,30 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeExpertPtrs& 
 template <bool DUAL>
 __global__ void __launch_bounds__(kThreads, 1) experts_wgmma_kernel(GemmArgs a) {
   extern __shared__ unsigned char smem_raw[];
-  __shared__ int src_row[kMaxN];  // X row of each tile row (-1: none)
+  __shared__ int64_t row_off[kMaxN];  // byte offset of each tile row's X row (row 0's past n_r)
   const int tile = blockIdx.y;
   if (tile >= a.tile_start[a.E]) return;
   const int e = moe::tile_expert(a.tile_start, a.E, tile);
   int r0, n_r;
   moe::wg_tile_rows(a.offsets, a.tile_start, e, tile, r0, n_r);
   const int tid = threadIdx.x;
-  if (tid < kMaxN) src_row[tid] = tid < n_r ? (DUAL ? a.order[r0 + tid] / a.k : r0 + tid) : -1;
+  if (tid < kMaxN) {
+    const int r = r0 + (tid < n_r ? tid : 0);
+    row_off[tid] = int64_t(DUAL ? a.order[r] / a.k : r) * a.K * 2;
+  }
   __syncthreads();
   const MoeExpertPtrs ep = a.experts[e];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t smem = (raw + 1023) & ~1023u;
   switch ((n_r + 15) / 16) {  // block-uniform: N = rows rounded up to 16
-    case 1: wg_tile<DUAL, 16>(a, ep, r0, n_r, src_row, smem); break;
-    case 2: wg_tile<DUAL, 32>(a, ep, r0, n_r, src_row, smem); break;
-    case 3: wg_tile<DUAL, 48>(a, ep, r0, n_r, src_row, smem); break;
-    case 4: wg_tile<DUAL, 64>(a, ep, r0, n_r, src_row, smem); break;
-    case 5: wg_tile<DUAL, 80>(a, ep, r0, n_r, src_row, smem); break;
-    case 6: wg_tile<DUAL, 96>(a, ep, r0, n_r, src_row, smem); break;
-    case 7: wg_tile<DUAL, 112>(a, ep, r0, n_r, src_row, smem); break;
-    default: wg_tile<DUAL, 128>(a, ep, r0, n_r, src_row, smem); break;
+    case 1: wg_tile<DUAL, 16>(a, ep, r0, n_r, row_off, smem); break;
+    case 2: wg_tile<DUAL, 32>(a, ep, r0, n_r, row_off, smem); break;
+    case 3: wg_tile<DUAL, 48>(a, ep, r0, n_r, row_off, smem); break;
+    case 4: wg_tile<DUAL, 64>(a, ep, r0, n_r, row_off, smem); break;
+    case 5: wg_tile<DUAL, 80>(a, ep, r0, n_r, row_off, smem); break;
+    case 6: wg_tile<DUAL, 96>(a, ep, r0, n_r, row_off, smem); break;
+    case 7: wg_tile<DUAL, 112>(a, ep, r0, n_r, row_off, smem); break;
+    default: wg_tile<DUAL, 128>(a, ep, r0, n_r, row_off, smem); break;
   }
 }
 
