@@ -108,8 +108,9 @@ Status routed_fused(const GpuCtx& c, const ModelConfig& cfg, const MoeWeightsGpu
   moe_route_cuda(rp, *c.g);
   c.cb_sets("moe_sel", layer, sel.as<int32_t>(), n_tok, k);
   c.cb("moe_weights", layer, wt.f(), n_tok * k);
-  // token chunks bound the scratch (sorted rows x (d_ff + d_latent) bf16)
-  constexpr int64_t kChunkTok = 2048;
+  // token chunks bound the scratch (sorted rows x (d_ff + d_latent) bf16: 0.87 GB at K3's shapes); the
+  // wgmma prefill kernel runs 0.22 / 0.30 of the cuBLAS rate at 2048 / 4096 tokens (docs/perf.md, session 12)
+  constexpr int64_t kChunkTok = 4096;
   MoeExpertsParams ep;
   ep.n_expert = int(E), ep.k = int(k), ep.d_in = int(dz), ep.d_ff = int(m.d_ff_expert);
   ep.experts = w.expert_table;
