@@ -5,7 +5,8 @@
 //   bench_moe [OUT.jsonl] [COMMIT] [MODE]
 //     MODE: all (default), decode (K3-shape decode checks and timings only; the K3 decode check's launches
 //     come first, for a profiler), prefill (the prefill kernels' checks and timings only), profile (one
-//     K3 prefill of 4096 tokens on each prefill kernel, nothing else) or bulk
+//     K3 prefill of 4096 tokens on each prefill kernel, nothing else), time (the same, then timed: for the
+//     probe builds of moe_experts_wgmma_cuda.cu) or bulk
 // 1. peers: cudaMemcpy D2D of 2 GiB (copy GB/s = read + write bytes / time); cuBLAS bf16 GEMM 8192^3 with
 //    fp32 accumulation (TFLOP/s).
 // 2. correctness: small odd shapes (both paths) and K3 shapes (decode batch 1 and 2 tokens of a 4096-token
@@ -303,13 +304,16 @@ int main(int argc, char** argv) {
   Experts ex;
   ex.make(E, d_in, d_ff, 17);
   CK(cudaDeviceSynchronize());
-  if (mode == "profile") {  // one K3 prefill of 4096 tokens per variant (0, 20), for a profiler
-    for (int v : {0, 20}) {
+  if (mode == "profile" || mode == "time") {  // one K3 prefill of 4096 tokens per variant (0, 20), for a
+    for (int v : {0, 20}) {                     // profiler; time: then medians of 5 (probe builds)
       std::mt19937 rng(22);
       Routing r = make_routing(rng, 4096, E, k, d_in);
       Run run(ex, r, 4096, k, MoePath::prefill);
       moe_experts_cuda_variant(run.p, g, v);
       CK(cudaStreamSynchronize(st));
+      if (mode == "time")
+        std::printf("time prefill_n4096 v%d: %.3f ms\n", v,
+                    median_ms(st, [&] { moe_experts_cuda_variant(run.p, g, v); }, 1, 5));
     }
     return 0;
   }

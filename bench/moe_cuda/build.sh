@@ -13,6 +13,16 @@ nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -lineinfo -I"$here/src
   grep -E "error|warning|registers|spill" || true
 test -x "$out/bench_moe"
 echo "built $out/bench_moe"
+if [ -n "${MOE_PROBES:-}" ]; then  # probe builds of the wgmma prefill kernel (wrong results; bench_moe ... time)
+  for pr in $MOE_PROBES; do
+    nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -I"$here/src" -I"$here/include" \
+      --expt-relaxed-constexpr -DK3_MOE_VARIANTS -DMOE_WG_PROBE="$pr" -o "$out/bench_moe_probe$pr" \
+      "$here/bench/moe_cuda/bench_moe.cu" "$here/src/ops/moe_experts_cuda.cu" "$here/src/ops/moe_experts_wgmma_cuda.cu" \
+      "$here/src/ops/moe_experts_ref.cpp" "$here/src/ops/moe_route_cuda.cu" "$here/src/ops/moe_route_ref.cpp" \
+      "$here/src/core/dtype.cpp" "$here/src/core/log.cpp" -lcublas 2>&1 | grep -E "error" || true
+    echo "built $out/bench_moe_probe$pr"
+  done
+fi
 # host emulation of the decode kernel's table version (no GPU): $out/lut_emu
 g++ -std=c++20 -O2 -I"$here/src" -o "$out/lut_emu" "$here/bench/moe_cuda/lut_emu.cpp"
 echo "built $out/lut_emu"

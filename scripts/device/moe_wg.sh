@@ -15,6 +15,10 @@ if [ -n "${DECODE:-1}" ]; then  # the decode kernel shares the nibble-pair rule 
   timeout "${DECODE_BUDGET:-150}" "$B/bench_moe" "${OUT:-/tmp}/validate/moe_cuda.jsonl" "$(cat "$B/COMMIT")" decode 2>&1 |
     grep -E 'FAIL|PASS|"decode_b[0-9]+_us"' | cut -c1-220
 fi
+echo "== bench_moe time (K3 prefill, 4096 tokens): the default build, then each probe build"
+for f in "$B/bench_moe" "$B"/bench_moe_probe*; do
+  [ -x "$f" ] && echo "$(basename "$f"): $(timeout 60 "$f" /dev/null x time 2>&1 | grep -E '^time' | tr '\n' ' ')"
+done
 if [ "${NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
   echo "== ncu bench_moe profile"
   timeout "${NCU_BUDGET:-200}" ncu --kernel-name regex:'experts_wgmma' --clock-control none \

@@ -31,6 +31,9 @@ if [ "${1:-}" = "--pack" ]; then  # runs HERE
   for f in tests/k3_tests bench_slice test-ops bench/bench_kda bench/bench_moe; do  # bench_moe: moe/build.sh
     cp "$build/$f" /tmp/validate_pack/ && strip -s "/tmp/validate_pack/$(basename "$f")"
   done
+  for f in "$build"/bench/bench_moe_probe*; do  # MOE_PROBES="1 2 3" bash bench/moe_cuda/build.sh
+    [ -f "$f" ] && cp "$f" /tmp/validate_pack/ && strip -s "/tmp/validate_pack/$(basename "$f")"
+  done
   ldd /tmp/validate_pack/* 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
     grep -v -E 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libcuda|libcublas|libcudart|libpthread|libdl|librt' |
     xargs -r -I{} cp -L {} "$B/lib/"

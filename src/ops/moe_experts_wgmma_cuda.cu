@@ -17,6 +17,8 @@
 // 2 operands), commit, then wait until the previous pair's group is done, which frees the other set.
 // Grid: x = neuron blocks (fastest, so the blocks of one tile run together and share its X from L2), y =
 // tiles (an upper bound; blocks past the last tile return).
+// Probe builds (bench only, wrong results): -DMOE_WG_PROBE=1 no decode (raw words as A), 2 no wgmma, 3 no
+// weight loads (constant words).
 #include <cuda_bf16.h>
 
 #include <atomic>
@@ -58,8 +60,17 @@ struct WgRows {  // one lane's rows g (A: w[0], B: w[1]) and g + 8 (+ 8 rows): i
   uint32_t ok;      // bit i: row i of (A g, A g + 8, B g, B g + 8) is below n_out (else zeros, exponent 127)
 };
 
+#ifndef MOE_WG_PROBE
+#define MOE_WG_PROBE 0
+#endif
+
 __device__ __forceinline__ void load_raw(WgRaw& r, const WgRows& rows, int c) {
   const uint4 z = make_uint4(0, 0, 0, 0);
+  if (MOE_WG_PROBE == 3) {
+    r.a0 = r.a1 = r.b0 = r.b1 = make_uint4(0x11111111u * uint32_t(c & 7), 0x22222222u, 0x33333333u, 0x44444444u);
+    r.ex[0] = r.ex[1] = r.ex[2] = r.ex[3] = 120u;
+    return;
+  }
   uint4* dst[4] = {&r.a0, &r.a1, &r.b0, &r.b1};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -132,14 +143,23 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeExpertPtrs& 
     for (int wi = 0; wi < 4; ++wi) {
       uint32_t(&fa)[2][4] = f[wi & 1][0];
       uint32_t(&fb)[2][4] = f[wi & 1][1];
-      decode_pair<decltype(big)::value>(cur, s, t, wi, fa, fb);
+      if (MOE_WG_PROBE == 1) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) fa[h][i] = (&cur.a0.x)[wi] ^ (&cur.a1.x)[i], fb[h][i] = (&cur.b0.x)[wi] ^ s[i];
+      } else {
+        decode_pair<decltype(big)::value>(cur, s, t, wi, fa, fb);
+      }
       wgmma_fence();
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int st = 2 * wi + h;  // k16 step: block st / 4, 32 bytes per step inside it
         const uint64_t desc = wgmma_desc(slot + uint32_t(st >> 2) * kBlock + uint32_t(st & 3) * 32, 16, 1024);
-        wgmma::RS<N>::mma(accA, fa[h], desc, 1);
-        wgmma::RS<N>::mma(accB, fb[h], desc, 1);
+        if (MOE_WG_PROBE != 2) {
+          wgmma::RS<N>::mma(accA, fa[h], desc, 1);
+          wgmma::RS<N>::mma(accB, fb[h], desc, 1);
+        }
       }
       wgmma_commit();
       mla_detail::wgmma_wait<1>();  // the previous pair is done: its register set may be rewritten
