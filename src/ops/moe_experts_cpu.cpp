@@ -78,38 +78,12 @@ uint32_t pair_weight(uint32_t w, int j, uint32_t e) {
   return bf16x2_mul(bf16x2_mul(v, moe::kPairUnit), moe::e8m0_bf16x2(e));
 }
 
-// row_dot by the decode kernel's rules: X rows stored in unit order, no table; step st of lane q reads word
-// st / 2 of its group and nibble pairs 2 (st % 2) (a0) and 2 (st % 2) + 1 (a2), the unit's words alike.
-void row_dot_decode(const uint8_t* w, const uint8_t* s, int K, int n, const std::vector<const uint16_t*>& xr,
-                    float* acc) {
-  for (size_t r = 0; r < xr.size(); ++r) acc[r] = 0.f;
-  for (int c0 = 0; c0 < K; c0 += moe::kChunk) {
-    uint32_t raw[4][4], ex[4];
-    load_chunk(w, s, K, n, c0, raw, ex);
-    for (size_t r = 0; r < xr.size(); ++r)
-      for (int st = 0; st < 8; ++st) {
-        const int wi = st >> 1, h = st & 1;
-        float part = 0.f;
-        for (int q = 0; q < 4; ++q) {
-          const int col = c0 + q * 32 + wi * 8;
-          uint32_t xv[4] = {0, 0, 0, 0};
-          if (col < K) std::memcpy(xv, xr[r] + col, 16);
-          const uint32_t a0 = pair_weight(raw[q][wi], 2 * h, ex[q]),
-                         a2 = pair_weight(raw[q][wi], 2 * h + 1, ex[q]);
-          const uint32_t b0 = xv[2 * h], b1 = xv[2 * h + 1];
-          part += bf16_lo(a0) * bf16_lo(b0) + bf16_hi(a0) * bf16_hi(b0) + bf16_lo(a2) * bf16_lo(b1) +
-                  bf16_hi(a2) * bf16_hi(b1);
-        }
-        acc[r] += part;
-      }
-  }
-}
-
-// row_dot by the wgmma prefill kernel's rules: X rows stored with each 128-column chunk in wg order
-// (moe::wg_pos), so step st of lane q meets the MMA's k positions st * 16 + 2q (b0) and st * 16 + 8 + 2q (b1)
-// with the decode kernel's nibble pairs.
-void row_dot_wg(const uint8_t* w, const uint8_t* s, int K, int n, const std::vector<const uint16_t*>& xr,
-                float* acc) {
+// row_dot by the nibble-pair kernels' rules (no table): step st of lane q reads word st / 2 of its group and
+// nibble pairs 2 (st % 2) (a0) and 2 (st % 2) + 1 (a2); bx(x, c0, st, q, b0, b1) gives the B registers they
+// meet in token row x, which depend on how the activations are stored.
+template <class Bx>
+void row_dot_pairs(const uint8_t* w, const uint8_t* s, int K, int n, const std::vector<const uint16_t*>& xr,
+                   float* acc, Bx bx) {
   for (size_t r = 0; r < xr.size(); ++r) acc[r] = 0.f;
   for (int c0 = 0; c0 < K; c0 += moe::kChunk) {
     uint32_t raw[4][4], ex[4];
@@ -120,8 +94,7 @@ void row_dot_wg(const uint8_t* w, const uint8_t* s, int K, int n, const std::vec
         float part = 0.f;
         for (int q = 0; q < 4; ++q) {
           uint32_t b0, b1;
-          std::memcpy(&b0, xr[r] + c0 + st * 16 + 2 * q, 4);
-          std::memcpy(&b1, xr[r] + c0 + st * 16 + 8 + 2 * q, 4);
+          bx(xr[r], c0, st, q, b0, b1);
           const uint32_t a0 = pair_weight(raw[q][wi], 2 * h, ex[q]),
                          a2 = pair_weight(raw[q][wi], 2 * h + 1, ex[q]);
           part += bf16_lo(a0) * bf16_lo(b0) + bf16_hi(a0) * bf16_hi(b0) + bf16_lo(a2) * bf16_lo(b1) +
@@ -130,6 +103,28 @@ void row_dot_wg(const uint8_t* w, const uint8_t* s, int K, int n, const std::vec
         acc[r] += part;
       }
   }
+}
+
+// the decode kernel: X rows stored in unit order, words 2 (st % 2) and 2 (st % 2) + 1 of the 8 columns
+// q * 32 + 8 (st / 2) .. (zeros past K)
+void row_dot_decode(const uint8_t* w, const uint8_t* s, int K, int n, const std::vector<const uint16_t*>& xr,
+                    float* acc) {
+  row_dot_pairs(w, s, K, n, xr, acc, [K](const uint16_t* x, int c0, int st, int q, uint32_t& b0, uint32_t& b1) {
+    const int col = c0 + q * 32 + (st >> 1) * 8;
+    uint32_t xv[4] = {0, 0, 0, 0};
+    if (col < K) std::memcpy(xv, x + col, 16);
+    b0 = xv[2 * (st & 1)], b1 = xv[2 * (st & 1) + 1];
+  });
+}
+
+// the wgmma prefill kernel: X rows stored with each 128-column chunk in wg order (moe::wg_pos), so step st of
+// lane q meets the MMA's k positions st * 16 + 2q (b0) and st * 16 + 8 + 2q (b1)
+void row_dot_wg(const uint8_t* w, const uint8_t* s, int K, int n, const std::vector<const uint16_t*>& xr,
+                float* acc) {
+  row_dot_pairs(w, s, K, n, xr, acc, [](const uint16_t* x, int c0, int st, int q, uint32_t& b0, uint32_t& b1) {
+    std::memcpy(&b0, x + c0 + st * 16 + 2 * q, 4);
+    std::memcpy(&b1, x + c0 + st * 16 + 8 + 2 * q, 4);
+  });
 }
 
 float act(const MoeExpertsParams& p, float g, float u) {

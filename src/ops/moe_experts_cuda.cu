@@ -689,14 +689,9 @@ bool bulk_ok(const MoeExpertsParams& p) {
 
 template <bool DUAL, int RING, int CTAS>
 void launch_decode_bulk(const GemmArgs& a, unsigned max_tiles, GpuContext& g) {
-  static std::atomic<bool> sized[64] = {};  // the >48 KB opt-in is a per-device function attribute
-  int dev = 0;
-  K3_CUDA_ASSERT(cudaGetDevice(&dev));
-  if (dev >= 64 || !sized[dev].load()) {
-    for (auto f : {experts_decode_bulk_kernel<true, RING, CTAS>, experts_decode_bulk_kernel<false, RING, CTAS>})
-      K3_CUDA_ASSERT(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, RING * kBulkStage));
-    if (dev < 64) sized[dev] = true;
-  }
+  static std::atomic<bool> sized[64] = {};
+  smem_opt_in(sized, RING * kBulkStage, experts_decode_bulk_kernel<true, RING, CTAS>,
+              experts_decode_bulk_kernel<false, RING, CTAS>);
   const int64_t items = int64_t(max_tiles) * (a.n_out / (DUAL ? 16 : 32));
   const unsigned grid = unsigned(std::min<int64_t>(items, int64_t(device_sm_count()) * CTAS));
   experts_decode_bulk_kernel<DUAL, RING, CTAS><<<grid, kBulkThreads, RING * kBulkStage, g.stream>>>(a);
@@ -865,15 +860,9 @@ template <int DEPTH, int MINB, bool PDL>
 void launch_decode_lut(const GemmArgs& a, unsigned max_tiles, int n_neur_blocks, bool dual, GpuContext& g) {
   auto k = dual ? experts_decode_lut_kernel<true, DEPTH, MINB>
                 : experts_decode_lut_kernel<false, DEPTH, MINB, PDL>;
-  static std::atomic<bool> sized[64] = {};  // the >48 KB opt-in is a per-device function attribute
-  int dev = 0;
-  K3_CUDA_ASSERT(cudaGetDevice(&dev));
-  if (dev >= 64 || !sized[dev].load()) {
-    for (auto f :
-         {experts_decode_lut_kernel<true, DEPTH, MINB>, experts_decode_lut_kernel<false, DEPTH, MINB, PDL>})
-      K3_CUDA_ASSERT(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kLutSmem));
-    if (dev < 64) sized[dev] = true;
-  }
+  static std::atomic<bool> sized[64] = {};
+  smem_opt_in(sized, kLutSmem, experts_decode_lut_kernel<true, DEPTH, MINB>,
+              experts_decode_lut_kernel<false, DEPTH, MINB, PDL>);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(max_tiles, unsigned(n_neur_blocks)), cfg.blockDim = dim3(kDecWarps * 32);
   cfg.dynamicSmemBytes = kLutSmem, cfg.stream = g.stream;
@@ -897,16 +886,9 @@ void launch_decode(const GemmArgs& a, unsigned max_tiles, int n_neur_blocks, boo
   if constexpr (RING > 0) {
     auto k =
         dual ? experts_decode_ring_kernel<true, RING, MINB> : experts_decode_ring_kernel<false, RING, MINB>;
-    static std::atomic<bool> sized[64] = {};  // the >48 KB opt-in is a per-device function attribute
-    int dev = 0;
-    K3_CUDA_ASSERT(cudaGetDevice(&dev));
-    if (dev >= 64 || !sized[dev].load()) {
-      for (auto f :
-           {experts_decode_ring_kernel<true, RING, MINB>, experts_decode_ring_kernel<false, RING, MINB>})
-        K3_CUDA_ASSERT(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(dec_ring_bytes<RING>())));
-      if (dev < 64) sized[dev] = true;
-    }
+    static std::atomic<bool> sized[64] = {};
+    smem_opt_in(sized, int(dec_ring_bytes<RING>()), experts_decode_ring_kernel<true, RING, MINB>,
+                experts_decode_ring_kernel<false, RING, MINB>);
     k<<<grid, kDecWarps * 32, dec_ring_bytes<RING>(), g.stream>>>(a);
   } else {
     auto k = dual ? experts_decode_kernel<true, DEPTH, MINB> : experts_decode_kernel<false, DEPTH, MINB>;

@@ -6,8 +6,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
+#include "core/cuda_check.h"
 #include "ops/cuda_util.cuh"
 #include "ops/moe_experts.h"
 #include "ops/moe_experts_layout.h"
@@ -75,6 +77,18 @@ __device__ __forceinline__ void pair_scales(uint32_t e, uint32_t& s, uint32_t& t
   const bool big = e > moe::kPairScaleMax;
   s = big ? moe::kPairUnit : moe::e8m0_pair_scale(e);
   t = big ? moe::e8m0_bf16x2(e) : 0x3F803F80u;
+}
+
+// Raises the dynamic shared-memory limit of `kernels` to `bytes` once per device (the > 48 KB opt-in is a
+// per-device function attribute); `done` is the calling launcher's own flags.
+template <class... Kernel>
+void smem_opt_in(std::atomic<bool> (&done)[64], int bytes, Kernel... kernels) {
+  int dev = 0;
+  K3_CUDA_ASSERT(cudaGetDevice(&dev));
+  if (dev < 64 && done[dev].load()) return;
+  for (const void* f : {reinterpret_cast<const void*>(kernels)...})
+    K3_CUDA_ASSERT(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  if (dev < 64) done[dev] = true;
 }
 
 // The wgmma prefill GEMM (moe_experts_wgmma_cuda.cu) over the tiles of sort_kernel run with BT = kWgTile:

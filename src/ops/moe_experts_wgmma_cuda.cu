@@ -25,6 +25,7 @@
 #include <type_traits>
 
 #include "core/cuda_check.h"
+#include "ops/cuda_mma.cuh"
 #include "ops/mla_wgmma.cuh"
 #include "ops/moe_experts_cuda.cuh"
 #include "ops/wgmma_rs.cuh"
@@ -43,11 +44,6 @@ using mla_detail::wgmma_fence;
 
 constexpr int kThreads = 256, kSlots = 4, kMaxN = moe::kWgTile;
 constexpr size_t kSmem = 1024 + size_t(kSlots) * kMaxN * 256;  // + 1024: base alignment of the swizzle
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 struct WgRaw {        // one lane's weights of one chunk
   uint4 a0, a1, b0, b1;  // rows g, g + 8 of operand A, then of B: the 16 bytes of the lane's group
@@ -121,8 +117,7 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeExpertPtrs& 
 #pragma unroll
     for (int i = 0; i < kCopies; ++i)
       if (rq + 16 * i < N)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(slot + uint32_t(i) * 16 * 128),
-                     "l"(x + row_off[rq + 16 * i] + c * moe::kChunk * 2));
+        k3::cp_async16(slot + uint32_t(i) * 16 * 128, x + row_off[rq + 16 * i] + c * moe::kChunk * 2);
     cp_async_commit();
   };
 
@@ -171,7 +166,7 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeExpertPtrs& 
   };
 
   for (int c = 0; c < n_chunk; ++c) {
-    cp_async_wait<1>();  // this thread's copies of chunk c are done (chunk c + 1's may still fly)
+    k3::cp_async_wait<1>();  // this thread's copies of chunk c are done (chunk c + 1's may still fly)
     fence_proxy_async();
     const bool big_here = max(max(cur.ex[0], cur.ex[1]), max(cur.ex[2], cur.ex[3])) > moe::kPairScaleMax;
     // everyone's copies of chunk c landed; chunk c - 2's wgmmas retired everywhere
@@ -254,14 +249,8 @@ void launch_wgmma(const GemmArgs& a, bool dual, int64_t n_rows, cudaStream_t str
   K3_ASSERT(max_tiles < 65536);
   const int per_block = dual ? 128 : 256;
   const dim3 grid(unsigned((a.n_out + per_block - 1) / per_block), unsigned(max_tiles));
-  static std::atomic<bool> sized[64];
-  int dev = 0;
-  K3_CUDA_ASSERT(cudaGetDevice(&dev));
-  if (dev >= 64 || !sized[dev].load()) {
-    for (auto f : {experts_wgmma_kernel<true>, experts_wgmma_kernel<false>})
-      K3_CUDA_ASSERT(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-    if (dev < 64) sized[dev] = true;
-  }
+  static std::atomic<bool> sized[64] = {};
+  smem_opt_in(sized, int(kSmem), experts_wgmma_kernel<true>, experts_wgmma_kernel<false>);
   (dual ? experts_wgmma_kernel<true> : experts_wgmma_kernel<false>)<<<grid, kThreads, kSmem, stream>>>(a);
   K3_CUDA_LAUNCH_CHECK();
 }
