@@ -15,11 +15,11 @@
 // Shapes: q [n_q, Hi, Di], w [n_q, Hi] fp32; Di % 16 == 0, Di <= 128; 1 <= Hi <= 64.
 //
 // CUDA: tensor-core mma (bf16 m16n8k16; FP8 keys are widened to f16 in registers and q is scaled per head
-// into
-// [-1, 1] in f16, the scale folded into w). A CTA of 4 warps streams tiles of 64 keys of one sequence through
-// shared memory (cp.async, 3 stages); each warp keeps one query's q fragments in registers and scores its
-// 16-key slices: keys are the M side, heads the N side, so the head sum is a per-lane sum plus two shuffles.
-// Decode: one query per CTA, the context split over CTAs. Prefill: 4 queries per CTA share every key tile.
+// into [-1, 1] in f16, the scale folded into w). A CTA of 4 warps streams tiles of 64 keys of one sequence
+// through shared memory (cp.async, 3 stages; one block-table read a tile where pages hold whole tiles); each
+// warp keeps one query's q fragments in registers and scores its 16-key slices: keys are the M side, heads
+// the N side, so the head sum is a per-lane sum plus two shuffles. Decode: one query per CTA, the context
+// split over CTAs in whole waves of resident CTAs (1 to 4). Prefill: 4 queries per CTA share every key tile.
 // The byte floor per call is sum over sequences of n * (Di * 2) bytes (bf16) or n * (Di + 4) (fp8).
 #pragma once
 

@@ -11,6 +11,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "ops/cuda_util.cuh"
 #include "ops/dsa_index.h"
@@ -92,28 +93,43 @@ __device__ __forceinline__ int64_t ctx_of(const DsaIndexParams& p, int i) {
   return p.ctx_len ? int64_t(p.ctx_len[i]) : p.n_past + i + 1;
 }
 
-// Tile t of [k0, k1) of sequence b into stage `stage`: key rows (and fp8 scales) by cp.async.
+// Tile t of [k0, k1) of sequence b into stage `stage`: key rows (and fp8 scales) by cp.async. Tiles start at
+// multiples of kTileKeys, so where pages hold whole tiles (P % kTileKeys == 0, as K3.1's P = 64) the tile is
+// one page: one block-table read a tile; otherwise one a row. A thread copies the same 16-byte column of
+// rows r, r + kThreads / kChunks, ...
 template <int Di, bool kF8, int kRowBytes>
 __device__ __forceinline__ void load_tile(const DsaIndexParams& p, uint8_t* smem, float* sc_smem, int b,
                                           int64_t k0, int64_t k1, size_t page_bytes, int t, int stage) {
+  constexpr int kKeyBytes = kF8 ? Di : 2 * Di;
+  constexpr int kChunks = kKeyBytes / 16;  // 16-byte chunks per key row
+  static_assert(kThreads % kChunks == 0, "a thread keeps one column of chunks");
   const int64_t s0 = k0 + int64_t(t) * kTileKeys;
+  const int n_rows = int(std::min<int64_t>(kTileKeys, k1 - s0)), P = p.cache.page_size;
   uint8_t* dst = smem + stage * kTileKeys * kRowBytes;
-  constexpr int kChunks = (kF8 ? Di : 2 * Di) / 16;  // 16-byte chunks per key row
-  for (int c = threadIdx.x; c < kTileKeys * kChunks; c += kThreads) {
-    const int r = c / kChunks, ch = c % kChunks;
-    const int64_t s = s0 + r;
-    if (s >= k1) continue;
-    const uint8_t* base = page_base(p.cache, b, s, page_bytes);
-    const int64_t slot = s % p.cache.page_size;
-    cp_async16(dst + r * kRowBytes + ch * 16, base + slot * (kF8 ? Di : 2 * Di) + ch * 16);
+  const bool whole = P % kTileKeys == 0;
+  const uint8_t* tile_page = whole ? page_base(p.cache, b, s0, page_bytes) : nullptr;
+  const int slot0 = whole ? int(s0 % P) : 0;
+  // key row r of the tile: its page and slot
+  auto row = [&](int r, const uint8_t*& base, int& slot) {
+    if (whole) {
+      base = tile_page, slot = slot0 + r;
+    } else {
+      base = page_base(p.cache, b, s0 + r, page_bytes), slot = int((s0 + r) % P);
+    }
+  };
+  const int ch = threadIdx.x % kChunks;
+  for (int r = threadIdx.x / kChunks; r < n_rows; r += kThreads / kChunks) {
+    const uint8_t* base;
+    int slot;
+    row(r, base, slot);
+    cp_async16(dst + r * kRowBytes + ch * 16, base + size_t(slot) * kKeyBytes + ch * 16);
   }
   if constexpr (kF8) {
-    for (int r = threadIdx.x; r < kTileKeys; r += kThreads) {
-      const int64_t s = s0 + r;
-      if (s >= k1) continue;
-      const uint8_t* base = page_base(p.cache, b, s, page_bytes);
-      cp_async4(sc_smem + stage * kTileKeys + r,
-                base + size_t(p.cache.page_size) * Di + (s % p.cache.page_size) * 4);
+    for (int r = threadIdx.x; r < n_rows; r += kThreads) {
+      const uint8_t* base;
+      int slot;
+      row(r, base, slot);
+      cp_async4(sc_smem + stage * kTileKeys + r, base + size_t(P) * Di + size_t(slot) * 4);
     }
   }
 }
@@ -136,6 +152,12 @@ __global__ void __launch_bounds__(kThreads) index_kernel(DsaIndexParams p, int q
   const int n_tiles = int((k1 - k0 + kTileKeys - 1) / kTileKeys);
   const size_t page_bytes = dsa_key_page_bytes_dev(p.cache.fmt, p.cache.page_size, Di);
 
+  // the first tiles' loads fly while the q fragments are built
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < n_tiles) load_tile<Di, kF8, kRowBytes>(p, smem, sc_smem, b, k0, k1, page_bytes, st, st);
+    cp_commit();
+  }
   // This warp's query: q fragments (B operand) and head weights in registers.
   const int qs = warp % qpc, qi = i0 + qs;
   const bool q_ok = qs < n_qc;
@@ -189,11 +211,6 @@ __global__ void __launch_bounds__(kThreads) index_kernel(DsaIndexParams p, int q
   const int64_t n_q_ctx = q_ok ? ctx_of(p, qi) : 0;
   float* out = p.score + int64_t(q_ok ? qi : i0) * p.ld;
 
-#pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) {
-    if (st < n_tiles) load_tile<Di, kF8, kRowBytes>(p, smem, sc_smem, b, k0, k1, page_bytes, st, st);
-    cp_commit();
-  }
   const int wpq = 4 / qpc;  // warps per query
   for (int t = 0; t < n_tiles; ++t) {
     cp_wait<kStages - 2>();
@@ -311,19 +328,26 @@ void launch(const DsaIndexParams& p, GpuContext& g) {
   constexpr int kRowBytes = (MODE == kFp8 ? Di : 2 * Di) + 16;
   const size_t smem = size_t(kStages) * kTileKeys * kRowBytes + (MODE == kFp8 ? kStages * kTileKeys * 4 : 0);
   auto* kern = index_kernel<KS, NT, MODE>;
-  K3_CUDA_ASSERT(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  static std::atomic<bool> sized[64] = {};
+  cuda_ops::smem_opt_in(sized, int(smem), kern);
+  static std::atomic<int> per_sm{0};  // resident CTAs per SM (this instantiation)
+  if (per_sm.load() == 0) {
+    int n = 0;
+    K3_CUDA_ASSERT(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, kThreads, smem));
+    per_sm = std::max(n, 1);
+  }
   const bool decode = p.ctx_len != nullptr;
   const int qpc = decode ? 1 : 4;
   int64_t kpc;
   if (decode) {
-    int sms = 132;
-    int dev = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (p.n_split > 0) {
       kpc = (p.max_ctx + p.n_split - 1) / p.n_split;
     } else {
-      const int64_t total = int64_t(p.n_q) * p.max_ctx, target = int64_t(sms) * 8;
-      kpc = std::max<int64_t>(512, (total + target - 1) / target);
+      // whole waves of resident CTAs (a partial last wave of long CTAs would run alone): one wave while the
+      // CTAs get >= 2048 keys, up to 4 waves of longer ones; CTAs of >= 256 keys
+      const int64_t total = int64_t(p.n_q) * p.max_ctx, slots = int64_t(cuda_ops::device_sm_count()) * per_sm;
+      const int64_t waves = std::clamp<int64_t>(total / (slots * 2048), 1, 4);
+      kpc = std::max<int64_t>(256, (total + slots * waves - 1) / (slots * waves));
     }
   } else {
     kpc = 1024;
