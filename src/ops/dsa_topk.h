@@ -10,8 +10,10 @@
 // The CUDA backend is a radix select on order-preserving 32-bit keys (sign-flipped float bits; -0 folded to
 // +0), 4 passes of 8 bits, then one ordered compaction: s is selected iff key > T, or key == T and fewer
 // than `need` equal keys precede it, and its output slot is (#greater before s) + min(#equal before s, need).
-// A row is split over a thread-block cluster of up to 8 CTAs (histograms merged through distributed shared
-// memory), one launch, no host decision on device data (CUDA-graph safe); max_len only sizes the cluster.
+// A row is split over a thread-block cluster of up to 16 CTAs (8 where the device refuses the non-portable
+// size; histograms merged through distributed shared memory), each CTA's chunk of up to 16384 scores staged
+// once in shared memory; one launch, no host decision on device data (CUDA-graph safe); max_len only sizes
+// the cluster.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +32,7 @@ struct DsaTopkParams {
   int64_t len0 = 0;
   int64_t max_len = 0;     // host bound on every n_i (<= ld)
   int32_t* sel = nullptr;  // [n_row, topk]
-  int cluster = 0;         // cuda: CTAs per row (1..8), 0 = from max_len
+  int cluster = 0;         // cuda: CTAs per row (1..16, clamped to the device's limit), 0 = from max_len
 };
 
 // Shape checks (no pointer is dereferenced).

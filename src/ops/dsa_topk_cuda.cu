@@ -1,7 +1,9 @@
 // dsa_topk_cuda.cu: exact causal top-k of the DSA index scores by radix select (dsa_topk.h).
 //
 // Grid: n_row clusters of C CTAs (cluster dims (C, 1, 1)); CTA r of a row owns the contiguous chunk
-// [r * chunk, min(n, (r + 1) * chunk)). Per pass (digit 3 .. 0 of the 32-bit key, 8 bits each):
+// [r * chunk, min(n, (r + 1) * chunk)). A chunk of up to `stage_cap` keys is first copied into shared memory
+// (one coalesced read of the row), so the five passes below read shared memory; longer chunks (rows past
+// kStageKeys * C) read global memory in every pass. Per pass (digit 3 .. 0 of the 32-bit key, 8 bits each):
 //   local histogram of the digit over the keys that match the prefix found so far (warp-aggregated smem
 //   atomics: many equal keys cost one atomic per warp), cluster barrier, every CTA sums the C histograms
 //   through distributed shared memory, warp 0 finds the digit b* holding the remaining-th largest key,
@@ -13,6 +15,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
+#include <atomic>
 
 #include "ops/cuda_util.cuh"
 #include "ops/dsa_topk.h"
@@ -25,7 +28,9 @@ namespace cg = cooperative_groups;
 constexpr int kThreads = 512;
 constexpr int kItems = 8;                 // consecutive keys per thread in the compaction pass
 constexpr int kTile = kThreads * kItems;  // <= 65535: two 16-bit counts packed in one scan value
-constexpr int64_t kKeysPerCta = 16384;    // cluster size = ceil(max_len / this), <= 8
+constexpr int64_t kKeysPerCta = 8192;     // cluster size = ceil(max_len / this), <= kMaxCluster
+constexpr int kMaxCluster = 16;           // non-portable above 8: checked once per device, else 8
+constexpr int kStageKeys = 16384;         // a CTA's chunk up to this long is staged in shared memory (64 KB)
 
 __device__ __forceinline__ uint32_t order_key(float f) {
   if (f == 0.f) f = 0.f;  // -0 ties with +0, as the float comparison says
@@ -40,12 +45,13 @@ struct TopkShared {
   uint32_t digit, above;        // pass result: chosen digit, merged count of keys above it
 };
 
-__global__ void __launch_bounds__(kThreads) topk_kernel(DsaTopkParams p) {
+__global__ void __launch_bounds__(kThreads) topk_kernel(DsaTopkParams p, int stage_cap) {
   cg::cluster_group cluster = cg::this_cluster();
   const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   const int row = int(blockIdx.x) / C;
   __shared__ TopkShared sh;
   __shared__ typename cub::BlockScan<uint32_t, kThreads>::TempStorage scan_tmp;
+  extern __shared__ float staged[];  // [stage_cap]: this CTA's chunk of the row
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t n = p.row_len ? int64_t(p.row_len[row]) : p.len0 + row;
   int32_t* out = p.sel + int64_t(row) * p.topk;
@@ -54,9 +60,23 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(DsaTopkParams p) {
       out[j] = j < n ? int32_t(j) : -1;
     return;
   }
-  const float* score = p.score + int64_t(row) * p.ld;
   const int64_t chunk = (n + C - 1) / C;
   const int64_t lo = std::min<int64_t>(n, rank * chunk), hi = std::min<int64_t>(n, lo + chunk);
+  // score[i] for lo <= i < hi: from shared memory when the chunk fits, else from the row in global memory
+  const float* src = p.score + int64_t(row) * p.ld + lo;  // src[i - lo] = score of position i
+  if (hi - lo <= stage_cap) {
+    const int m = int(hi - lo);
+    for (int j0 = tid; j0 < m; j0 += 8 * kThreads) {  // 8 loads in flight a thread
+      float v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v[u] = j0 + u * kThreads < m ? src[j0 + u * kThreads] : 0.f;
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        if (j0 + u * kThreads < m) staged[j0 + u * kThreads] = v[u];
+    }
+    __syncthreads();
+    src = staged;
+  }
 
   uint32_t prefix = 0, mask = 0, remaining = uint32_t(p.topk), gt_local = 0;
   for (int shift = 24; shift >= 0; shift -= 8) {
@@ -67,7 +87,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(DsaTopkParams p) {
       const int64_t i = base + lane;
       int bin = 256;
       if (i < hi) {
-        const uint32_t k = order_key(score[i]);
+        const uint32_t k = order_key(src[i - lo]);
         if ((k & mask) == prefix) bin = int((k >> shift) & 255u);
       }
       const unsigned same = __match_any_sync(0xffffffffu, bin);
@@ -132,7 +152,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(DsaTopkParams p) {
     uint32_t k[kItems], packed = 0;
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
-      k[j] = i0 + j < hi ? order_key(score[i0 + j]) : 0u;
+      k[j] = i0 + j < hi ? order_key(src[i0 + j - lo]) : 0u;
       packed += (i0 + j < hi && k[j] > T) ? 1u : 0u;
       packed += (i0 + j < hi && k[j] == T) ? 0x10000u : 0u;
     }
@@ -155,22 +175,57 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(DsaTopkParams p) {
   }
 }
 
+cudaLaunchConfig_t launch_config(int C, const DsaTopkParams& p, size_t smem, cudaStream_t stream,
+                                 cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(p.n_row) * unsigned(C));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(C), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr, cfg.numAttrs = 1;
+  return cfg;
+}
+
+// The largest cluster this device runs (16 where the non-portable size fits, else 8); the kernel's
+// attributes (64 KB of staged keys, non-portable clusters) are set on the way, once per device.
+int max_cluster() {
+  static std::atomic<int> known[64] = {};
+  int dev = 0;
+  K3_CUDA_ASSERT(cudaGetDevice(&dev));
+  if (dev < 64 && known[dev].load() > 0) return known[dev].load();
+  K3_CUDA_ASSERT(cudaFuncSetAttribute(topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(kStageKeys * sizeof(float))));
+  int best = 8;
+  if (cudaFuncSetAttribute(topk_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+    DsaTopkParams one;
+    one.n_row = 1;
+    cudaLaunchAttribute attr[1];
+    const cudaLaunchConfig_t cfg = launch_config(kMaxCluster, one, kStageKeys * sizeof(float), nullptr, attr);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, topk_kernel, &cfg) == cudaSuccess && clusters > 0)
+      best = kMaxCluster;
+  }
+  (void)cudaGetLastError();  // a refused query leaves no sticky error; clear the last one
+  if (dev < 64) known[dev] = best;
+  return best;
+}
+
 }  // namespace
 
 void dsa_topk_cuda(const DsaTopkParams& p, GpuContext& g) {
   K3_ASSERT(dsa_topk_check(p).ok());
   if (p.n_row == 0) return;
-  int C =
-      p.cluster > 0 ? p.cluster : int(std::clamp<int64_t>((p.max_len + kKeysPerCta - 1) / kKeysPerCta, 1, 8));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(p.n_row) * unsigned(C));
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = g.stream;
+  const int c_max = max_cluster();
+  const int C = p.cluster > 0
+                    ? std::min(p.cluster, c_max)
+                    : int(std::clamp<int64_t>((p.max_len + kKeysPerCta - 1) / kKeysPerCta, 1, c_max));
+  const int64_t chunk = (p.max_len + C - 1) / C;  // the longest chunk of any row
+  const int stage_cap = chunk <= kStageKeys ? int(chunk) : 0;
   cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(C), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr, cfg.numAttrs = 1;
-  K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, topk_kernel, p));
+  const cudaLaunchConfig_t cfg = launch_config(C, p, size_t(stage_cap) * sizeof(float), g.stream, attr);
+  K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, topk_kernel, p, stage_cap));
 }
 
 }  // namespace k3

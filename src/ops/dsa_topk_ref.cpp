@@ -18,7 +18,7 @@ Status dsa_topk_check(const DsaTopkParams& p) {
                                              std::to_string(p.ld));
   if (p.max_len > (int64_t(1) << 30))
     return error(Code::unsupported, "dsa_topk: rows longer than 2^30 (" + std::to_string(p.max_len) + ")");
-  if (p.cluster < 0 || p.cluster > 8) return error(Code::invalid_argument, "dsa_topk: cluster must be 0..8");
+  if (p.cluster < 0 || p.cluster > 16) return error(Code::invalid_argument, "dsa_topk: cluster must be 0..16");
   if (p.n_row > 0 && (!p.score || !p.sel)) return error(Code::invalid_argument, "dsa_topk: null pointer");
   return ok_status();
 }

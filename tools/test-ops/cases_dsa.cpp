@@ -255,7 +255,8 @@ K3_OP_CASES(dsa_cases) {
   for (DsaKeyFormat f : {DsaKeyFormat::bf16, DsaKeyFormat::fp8}) {
     add_index(cases, f, 32, 128, 64, false, {1, 77, 3001});
     add_index(cases, f, 32, 128, 16, false, {}, 100, 37);
-    add_index(cases, f, 27, 128, 64, false, {2049});  // heads padded to the tile
+    add_index(cases, f, 27, 128, 64, false, {2049});       // heads padded to the tile
+    add_index(cases, f, 32, 128, 128, false, {4100, 65});  // two key tiles a page
   }
   add_index(cases, DsaKeyFormat::bf16, 32, 128, 64, true, {1, 77, 3001});
   add_index(cases, DsaKeyFormat::bf16, 32, 128, 64, true, {}, 0, 130);
@@ -272,6 +273,8 @@ K3_OP_CASES(dsa_cases) {
   add_topk(cases, 2048, {}, 2040, 21, Law::few_levels);
   add_topk(cases, 2048, {100000}, 0, 0, Law::few_levels, 3);
   add_topk(cases, 2048, {100000, 33}, 0, 0, Law::normal, 8);
+  add_topk(cases, 2048, {131072, 70001, 8192}, 0, 0, Law::normal, 16);  // staged chunks of <= 8192
+  add_topk(cases, 2048, {131072, 2100}, 0, 0, Law::few_levels);
   add_topk(cases, 8, {}, 1, 40, Law::few_levels);  // tiny-k31 topk
   add_topk(cases, 2048, {1 << 20}, 0, 0, Law::few_levels);
   add_topk(cases, 2048, {1 << 20}, 0, 0, Law::normal);
