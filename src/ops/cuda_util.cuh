@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -125,6 +126,18 @@ void launch_pdl(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, cudaStrea
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr, cfg.numAttrs = pdl && stream ? 1 : 0;  // (not on the legacy default stream)
   K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
+}
+
+// Raises the dynamic shared-memory limit of `kernels` to `bytes` once per device (the > 48 KB opt-in is a
+// per-device function attribute); `done` is the calling launcher's own flags.
+template <class... Kernel>
+void smem_opt_in(std::atomic<bool> (&done)[64], int bytes, Kernel... kernels) {
+  int dev = 0;
+  K3_CUDA_ASSERT(cudaGetDevice(&dev));
+  if (dev < 64 && done[dev].load()) return;
+  for (const void* f : {reinterpret_cast<const void*>(kernels)...})
+    K3_CUDA_ASSERT(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  if (dev < 64) done[dev] = true;
 }
 
 inline unsigned blocks_for(int64_t n, int threads) {

@@ -1,6 +1,6 @@
-// moe_experts_cuda.cuh: internal to the routed-expert kernels (moe_experts_cuda.cu, moe_experts_wgmma_cuda.cu):
-// their arguments and the device helpers both use (cp.async, the MMA, the decode of nibble pairs by the rules
-// of moe_experts_layout.h, the activation). Not a public header.
+// moe_experts_cuda.cuh: internal to the routed-expert kernels (moe_experts_cuda.cu,
+// moe_experts_wgmma_cuda.cu): their arguments and the device helpers both use (cp.async, the MMA, the decode
+// of nibble pairs by the rules of moe_experts_layout.h, the activation). Not a public header.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,13 +18,13 @@ namespace k3::moe_cuda {
 
 struct GemmArgs {
   const MoeExpertPtrs* experts;
-  const int4* tiles;      // decode: sort_kernel's tile table
-  const int* offsets;     // [E + 1]
-  const int* tile_start;  // [E + 1]
-  const int* order;       // [n_rows]
-  int E, k, n_out, K;     // neurons (rows of W), reduction length
-  const __nv_bfloat16* x; // DUAL: zb [n_tok, K] gathered by order / k; else h [n_rows, K] sorted
-  __nv_bfloat16* out;     // DUAL: h [n_rows, n_out] sorted; else o [n_rows, n_out] at order[r]
+  const int4* tiles;       // decode: sort_kernel's tile table
+  const int* offsets;      // [E + 1]
+  const int* tile_start;   // [E + 1]
+  const int* order;        // [n_rows]
+  int E, k, n_out, K;      // neurons (rows of W), reduction length
+  const __nv_bfloat16* x;  // DUAL: zb [n_tok, K] gathered by order / k; else h [n_rows, K] sorted
+  __nv_bfloat16* out;      // DUAL: h [n_rows, n_out] sorted; else o [n_rows, n_out] at order[r]
   MoeAct act;
   float beta1, beta2;
 };
@@ -41,8 +41,12 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::);
+}
 
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
@@ -79,17 +83,7 @@ __device__ __forceinline__ void pair_scales(uint32_t e, uint32_t& s, uint32_t& t
   t = big ? moe::e8m0_bf16x2(e) : 0x3F803F80u;
 }
 
-// Raises the dynamic shared-memory limit of `kernels` to `bytes` once per device (the > 48 KB opt-in is a
-// per-device function attribute); `done` is the calling launcher's own flags.
-template <class... Kernel>
-void smem_opt_in(std::atomic<bool> (&done)[64], int bytes, Kernel... kernels) {
-  int dev = 0;
-  K3_CUDA_ASSERT(cudaGetDevice(&dev));
-  if (dev < 64 && done[dev].load()) return;
-  for (const void* f : {reinterpret_cast<const void*>(kernels)...})
-    K3_CUDA_ASSERT(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  if (dev < 64) done[dev] = true;
-}
+using cuda_ops::smem_opt_in;
 
 // The wgmma prefill GEMM (moe_experts_wgmma_cuda.cu) over the tiles of sort_kernel run with BT = kWgTile:
 // DUAL gate/up -> h (wg order), else down -> o. Needs moe::wg_ok(d_in, d_ff).
