@@ -1,6 +1,6 @@
-// cuda_bench_util.cuh: what the standalone CUDA benches (mla_cuda, dsa_cuda, moe_cuda) share: CUDA error check,
-// the JSON-line emitter (bench/results/<bench>.jsonl fields), a bf16 random fill and the two ceilings of every
-// ratio (copy bandwidth, bf16 GEMM rate). Header-only, one bench per binary; set g_bench in main.
+// cuda_bench_util.cuh: what the standalone CUDA benches (mla_cuda, dsa_cuda, moe_cuda) share: CUDA error
+// check, the JSON-line emitter (bench/results/<bench>.jsonl fields), a bf16 random fill and the two ceilings
+// of every ratio (copy bandwidth, bf16 GEMM rate). Header-only, one bench per binary; set g_bench in main.
 #pragma once
 
 #include <cublas_v2.h>
@@ -51,6 +51,47 @@ inline void emit(const std::string& metric, double value, const std::string& uni
                  double peer_value = 0, const char* goal = nullptr, double goal_ratio = 0) {
   const double ratio = peer ? value / peer_value : 0;
   emit_met(metric, value, unit, peer, peer_value, goal, ratio >= goal_ratio);
+}
+
+static __global__ void gpu_sleep(unsigned ns) {  // keeps the GPU busy while the host enqueues what follows
+  for (unsigned t = 0; t < ns; t += 1000) __nanosleep(1000);
+}
+
+// Device time of one call of f (us) as a decode step's CUDA graph pays it: f(0) .. f(calls - 1) captured in
+// one graph on g.stream, median of `reps` launches after 2 warm-ups, divided by calls. f(0) runs once first,
+// eagerly, so one-time setup (function attributes) stays out of the capture. Every launch is queued behind
+// a 50 us sleep kernel, so the host's graph-launch latency is not inside the events either.
+template <class F>
+double graph_us(k3::GpuContext& g, F&& f, int calls = 16, int reps = 11) {
+  f(0);
+  CK(cudaStreamSynchronize(g.stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls; ++i) f(i);
+  CK(cudaStreamEndCapture(g.stream, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int i = 0; i < reps + 2; ++i) {
+    gpu_sleep<<<1, 1, 0, g.stream>>>(50000);
+    CK(cudaEventRecord(a, g.stream));
+    CK(cudaGraphLaunch(exec, g.stream));
+    CK(cudaEventRecord(b, g.stream));
+    CK(cudaEventSynchronize(b));
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, a, b));
+    if (i >= 2) ms.push_back(t);
+  }
+  CK(cudaGetLastError());
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  std::sort(ms.begin(), ms.end());
+  return double(ms[ms.size() / 2]) * 1e3 / calls;
 }
 
 static __global__ void fill_bf16(uint16_t* x, size_t n, uint64_t seed) {  // uniform(-1.7, 1.7) in bf16

@@ -116,7 +116,8 @@ struct Experts {  // E experts in one allocation, the table on the device and on
   size_t bytes_per_expert() const { return w_bytes_per + s_bytes_per; }
   // host copies of the given experts (table with host pointers into `store`)
   // host copies of the experts in `need` (the others stay null)
-  std::vector<MoeExpertPtrs> to_host(std::vector<std::vector<uint8_t>>& store, const std::set<int32_t>& need) const {
+  std::vector<MoeExpertPtrs> to_host(std::vector<std::vector<uint8_t>>& store,
+                                     const std::set<int32_t>& need) const {
     std::vector<MoeExpertPtrs> t(static_cast<size_t>(E));
     store.assign(size_t(E), {});
     for (int e : need) {
@@ -150,7 +151,8 @@ Routing make_routing(std::mt19937& rng, int64_t n_tok, int E, int k, int d_in) {
   for (int64_t t = 0; t < n_tok; ++t) {
     for (int j = 0; j < k; ++j) std::swap(ids[size_t(j)], ids[size_t(j) + rng() % size_t(E - j)]);
     float sum = 0;
-    for (int j = 0; j < k; ++j) r.sel[size_t(t * k + j)] = ids[size_t(j)], sum += (r.wt[size_t(t * k + j)] = u(rng) + 0.05f);
+    for (int j = 0; j < k; ++j)
+      r.sel[size_t(t * k + j)] = ids[size_t(j)], sum += (r.wt[size_t(t * k + j)] = u(rng) + 0.05f);
     for (int j = 0; j < k; ++j) r.wt[size_t(t * k + j)] /= sum;
   }
   for (float& v : r.z) v = round_bf16(nd(rng));
@@ -192,8 +194,8 @@ double nmse(const std::vector<float>& a, const std::vector<float>& ref) {
 }
 
 // GPU vs reference on tokens [0, n_check)
-void check(const char* name, const Experts& ex, int64_t n_tok, int k, MoePath path, uint32_t seed, int64_t n_check,
-           GpuContext& g, int variant = 0) {
+void check(const char* name, const Experts& ex, int64_t n_tok, int k, MoePath path, uint32_t seed,
+           int64_t n_check, GpuContext& g, int variant = 0) {
   std::mt19937 rng(seed);
   Routing r = make_routing(rng, n_tok, ex.E, k, ex.d_in);
   Run run(ex, r, n_tok, k, path);
@@ -202,7 +204,8 @@ void check(const char* name, const Experts& ex, int64_t n_tok, int k, MoePath pa
   std::vector<float> y(size_t(n_tok) * ex.d_in);
   CK(cudaMemcpy(y.data(), run.y, y.size() * 4, cudaMemcpyDeviceToHost));
   std::vector<std::vector<uint8_t>> store;
-  std::vector<MoeExpertPtrs> ht = ex.to_host(store, std::set<int32_t>(r.sel.begin(), r.sel.begin() + n_check * k));
+  std::vector<MoeExpertPtrs> ht =
+      ex.to_host(store, std::set<int32_t>(r.sel.begin(), r.sel.begin() + n_check * k));
   MoeExpertsParams h = run.p;
   h.n_tok = n_check, h.z = r.z.data(), h.sel = r.sel.data(), h.wt = r.wt.data(), h.experts = ht.data();
   std::vector<float> yr(size_t(n_check) * ex.d_in);
@@ -244,8 +247,8 @@ void check_route(int64_t n_tok, int E, int k, uint32_t seed, GpuContext& g) {
   const double e = nmse(wtd, wt);
   const bool ok = bad == 0 && e < 1e-10;
   g_fail += !ok;
-  std::printf("check moe_route n_tok=%lld E=%d k=%d: %lld ids differ, weights nmse %.3g %s\n", (long long)n_tok, E, k,
-              (long long)bad, e, ok ? "ok" : "FAIL");
+  std::printf("check moe_route n_tok=%lld E=%d k=%d: %lld ids differ, weights nmse %.3g %s\n",
+              (long long)n_tok, E, k, (long long)bad, e, ok ? "ok" : "FAIL");
   if (n_tok >= 64) {  // timing
     const double ms = median_ms(g.stream, [&] { moe_route_cuda(d, g); });
     emit("route_n" + std::to_string(n_tok) + "_us", ms * 1e3, "us");
@@ -261,8 +264,9 @@ int main(int argc, char** argv) {
   if (argc > 2) g_commit = argv[2];
   const std::string mode = argc > 3 ? argv[3] : "all";
   const bool pre = mode == "prefill";  // the prefill kernels only: their checks and timings
-  const bool all = mode != "decode" && mode != "bulk" && mode != "profile" && !pre;
   const bool bulk = mode == "bulk";  // the bulk-copy variants only: short checks, timings at 1 and 64 tokens
+  const bool d0 = mode == "d0";      // the default decode kernel only: its b1 / b8 checks and timings
+  const bool all = mode != "decode" && mode != "bulk" && mode != "profile" && !pre && !d0;
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   g_machine = prop.name;
@@ -305,7 +309,7 @@ int main(int argc, char** argv) {
   ex.make(E, d_in, d_ff, 17);
   CK(cudaDeviceSynchronize());
   if (mode == "profile" || mode == "time") {  // one K3 prefill of 4096 tokens per variant (0, 20), for a
-    for (int v : {0, 20}) {                     // profiler; time: then medians of 5 (probe builds)
+    for (int v : {0, 20}) {                   // profiler; time: then medians of 5 (probe builds)
       std::mt19937 rng(22);
       Routing r = make_routing(rng, 4096, E, k, d_in);
       Run run(ex, r, 4096, k, MoePath::prefill);
@@ -313,23 +317,26 @@ int main(int argc, char** argv) {
       CK(cudaStreamSynchronize(st));
       if (mode == "time")
         std::printf("time prefill_n4096 v%d: %.3f ms\n", v,
-                    median_ms(st, [&] { moe_experts_cuda_variant(run.p, g, v); }, 1, 5));
+                    median_ms(
+                        st, [&] { moe_experts_cuda_variant(run.p, g, v); }, 1, 5));
     }
     return 0;
   }
   if (!pre) check("k3 decode", ex, 1, k, MoePath::decode, 21, 1, g);
   if (!bulk && !pre) {
     check("k3 decode b8", ex, 8, k, MoePath::decode, 23, 8, g);
-    for (int v : {5, 6, 8, 10, 11}) check("k3 decode b8 (token 0)", ex, 8, k, MoePath::decode, 23, 1, g, v);
+    for (int v : {5, 6, 8, 10, 11})
+      if (!d0) check("k3 decode b8 (token 0)", ex, 8, k, MoePath::decode, 23, 1, g, v);
   }
   for (int v : {17, 18, 19}) {  // the bulk-copy version (K % 512 == 0 here)
-    if (pre) break;
+    if (pre || d0) break;
     check("k3 decode (bulk)", ex, 1, k, MoePath::decode, 21, 1, g, v);
     check("k3 decode b8 (bulk)", ex, 8, k, MoePath::decode, 23, v == 17 && !bulk ? 8 : 2, g, v);
-    if (v == 17) check("k3 decode b64 (bulk, tokens 0-1)", ex, 64, k, MoePath::decode, 25, bulk ? 2 : 6, g, v);
+    if (v == 17)
+      check("k3 decode b64 (bulk, tokens 0-1)", ex, 64, k, MoePath::decode, 25, bulk ? 2 : 6, g, v);
   }
   for (int v : {12, 13, 14, 15, 16}) {
-    if (bulk || pre) break;
+    if (bulk || pre || d0) break;
     check("k3 decode (table)", ex, 1, k, MoePath::decode, 21, 1, g, v);
     check("k3 decode b2 (table)", ex, 2, k, MoePath::decode, 24, 2, g, v);
   }
@@ -349,6 +356,7 @@ int main(int argc, char** argv) {
     for (int v : {0, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}) {
       if (v >= 12 && v <= 16 && nt > 2) continue;  // the table version: n_tok <= 2
       if (bulk && v != 0 && v != 11 && v < 17) continue;
+      if (d0 && v != 0) continue;
       const double ms = median_ms(st, [&] { moe_experts_cuda_variant(run.p, g, v); });
       const bool goal = nt == 1 && v == 0;
       const std::string tag = "decode_b" + std::to_string(nt) + (v ? "_v" + std::to_string(v) : "");
@@ -356,8 +364,8 @@ int main(int argc, char** argv) {
       emit_met(tag + "_us", ms * 1e3, "us", "byte floor us", floor_us,
                goal ? "time <= 1.3x byte floor" : nullptr, ms * 1e3 <= 1.3 * floor_us);
       emit(tag + "_floor_over_time", floor_us / (ms * 1e3), "ratio");
-      std::printf("  %s: %zu experts, %.1f MB, %.1f us (floor %.1f us at copy %.0f GB/s)\n", tag.c_str(), uniq.size(),
-                  bytes * 1e-6, ms * 1e3, floor_us, copy);
+      std::printf("  %s: %zu experts, %.1f MB, %.1f us (floor %.1f us at copy %.0f GB/s)\n", tag.c_str(),
+                  uniq.size(), bytes * 1e-6, ms * 1e3, floor_us, copy);
     }
   }
   for (int64_t nt : {2048, 4096, 8192}) {  // 2048: the model's token chunk (gpu/moe_gpu.cu)
@@ -368,12 +376,13 @@ int main(int argc, char** argv) {
     const double flops = double(nt) * k * 2.0 * 3.0 * d_in * d_ff;
     for (int v : {0, 20, 1, 2, 3, 4}) {
       if (nt == 2048 && v != 0 && v != 20) continue;
-      const double ms = median_ms(st, [&] { moe_experts_cuda_variant(run.p, g, v); }, 1, 5);
+      const double ms = median_ms(
+          st, [&] { moe_experts_cuda_variant(run.p, g, v); }, 1, 5);
       const double tfs = flops / (ms * 1e-3) * 1e-12;
       const std::string tag = "prefill_n" + std::to_string(nt) + (v ? "_v" + std::to_string(v) : "");
       emit(tag + "_ms", ms, "ms");
       emit_met(tag + "_TFLOPs", tfs, "TFLOP/s", "cuBLAS bf16 GEMM TFLOP/s", tf,
-           v == 0 ? ">= 0.6 of the cuBLAS bf16 rate" : nullptr, tfs / tf >= 0.6);
+               v == 0 ? ">= 0.6 of the cuBLAS bf16 rate" : nullptr, tfs / tf >= 0.6);
     }
   }
   std::printf("%s (%d failed checks)\n", g_fail ? "FAIL" : "PASS", g_fail);

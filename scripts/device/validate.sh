@@ -14,7 +14,7 @@
 #      ENVS_CHECK: settings run first with the K3 slice's GPU = CPU checks only;
 #      tests_env: the *Gpu* tests again under each setting of TEST_ENVS; ops: OPS_ENV="K3_X=1 ..." for the
 #      test-ops runs; moe: bench_moe MOE_MODE (decode: checks against fp64, timings of every decode variant; prefill: the
-#      prefill kernels' checks and timings);
+#      prefill kernels' checks and timings); dsa: bench_dsa (checks, then indexer / top-k / sparse MLA timings);
 #   7. ncu_step: Nsight Compute over one eager K3 decode step (bench_slice --profile-step) at B = 1 and 64,
 #      T = 4K: every kernel's time and DRAM bytes, summed by kernel (scripts/device/ncu_step.py).
 # Writes $OUT/validate/run.log, tests.log (the whole k3_tests output) and slice.jsonl.
@@ -31,7 +31,7 @@ if [ "${1:-}" = "--pack" ]; then  # runs HERE
   for f in tests/k3_tests bench_slice test-ops bench/bench_kda bench/bench_moe; do  # bench_moe: moe/build.sh
     cp "$build/$f" /tmp/validate_pack/ && strip -s "/tmp/validate_pack/$(basename "$f")"
   done
-  for f in "$build"/bench/bench_moe_probe*; do  # MOE_PROBES="1 2 3" bash bench/moe_cuda/build.sh
+  for f in "$build"/bench/bench_dsa "$build"/bench/bench_moe_probe*; do  # dsa_cuda/build.sh; MOE_PROBES="1 2 3" moe_cuda/build.sh
     [ -f "$f" ] && cp "$f" /tmp/validate_pack/ && strip -s "/tmp/validate_pack/$(basename "$f")"
   done
   ldd /tmp/validate_pack/* 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
@@ -53,7 +53,7 @@ trap 'rm -rf "$S"' EXIT
 trap 'rm -rf "$S"; exit 124' TERM INT
 t0=$SECONDS
 el() { echo "t=$((SECONDS - t0)) s"; }
-STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests tests_env kda ops moe slice31 slice mla fused envcmp ncu_step
+STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests tests_env kda ops dsa moe slice31 slice mla fused envcmp ncu_step
 on() { [[ " $STEPS " == *" $1 "* ]]; }
 {
   echo "commit $(cat "$B/COMMIT" 2>/dev/null), steps: ${STEPS}"
@@ -80,6 +80,14 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
       echo "== test-ops $op (cuda) ($(el))"
       env ${OPS_ENV:-K3_NONE=1} timeout 15 "$B/test-ops" test -o "$op" -b cuda -v 2>&1 | tail -${OPS_TAIL:-4}
     done
+  fi
+  if on dsa; then  # bench_dsa: its checks against fp64 / the reference top-k, then the graph timings
+    echo "== bench_dsa ($(el))"
+    timeout "${DSA_BUDGET:-120}" "$B/bench_dsa" "$out/dsa_cuda.jsonl" "$(cat "$B/COMMIT" 2>/dev/null)" \
+      >"$out/dsa.log" 2>&1
+    echo "rc=$?"
+    grep -E "check|OK|FAIL|copy" "$out/dsa.log" | cut -c1-160
+    grep -E '"metric"' "$out/dsa.log" | sed -E 's/.*"metric": "([^"]*)", "value": ([^,]*),.*"ratio": ([^,]*),.*"met": ([a-z]*).*/\1 \2 ratio=\3 met=\4/'
   fi
   if on moe; then  # bench_moe decode: its checks against fp64 (every variant), then the decode timings
     echo "== bench_moe ${MOE_MODE:-decode} ($(el))"
