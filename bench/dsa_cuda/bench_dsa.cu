@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <string>
@@ -347,6 +348,9 @@ int main(int argc, char** argv) {
       s.n_q = nb;
       const double ms = graph_us(g, [&](int) { mla_sparse_cuda(s, g); });
       emit(tag + "_sparse_mla_us", ms, "us");
+      setenv("K3_MLA_SPARSE_GATHER", "1", 1);  // the gather path, for comparison
+      emit(tag + "_sparse_mla_gather_us", graph_us(g, [&](int) { mla_sparse_cuda(s, g); }), "us");
+      unsetenv("K3_MLA_SPARSE_GATHER");
       (nb == 1 ? sum_us_b1 : sum_us_b64).push_back(tk + ms);
       const double sum8 = (nb == 1 ? sum_us_b1 : sum_us_b64).front();
       emit_met(tag + "_topk_sparse_mla_us", tk + ms, "us", "top-k + sparse MLA us at 8K", sum8,

@@ -6,13 +6,14 @@
 // Shapes: q bf16 [n_q, n_head, 576], out fp32 [n_q, n_head, 512], sel int32 [n_q, topk], block_table
 // [n_q or 1, max_pages], cache bf16 [n_pages, P, 576].
 //
-// CUDA: one gather kernel copies each query's selected rows into scratch (a private page of topk rows per
-// query) and counts them, then ops/mla_decode.h's tensor-core split-KV kernel (mma.sync) runs over those
-// pages with ctx_len = |S_i| and exact_p: the softmax weights stay fp32 in P V, as in the reference and in
-// model/mla.cpp (attention_cpu), whose rounding points the bf16 model must share. (With P rounded to bf16,
-// the plain decode kernels' choice, the tiny-k3-mla top-8 DSA layer test missed its 1e-4 bound: moe_routed
-// 1.48e-4, reproduced on the host by rounding attention_cpu's weights alone.) Cost per query: |S_i| * 1152
-// bytes read twice and written once, flat in the context.
+// CUDA: ops/mla_decode.h's tensor-core split-KV kernel (mma.sync) over each query's selected rows in place: a
+// table kernel writes the physical cache row (page * P + slot) of every selection, and the decode kernel
+// reads the cache as pages of one row through that table, with ctx_len = |S_i| and exact_p: the softmax
+// weights stay fp32 in P V, as in the reference and in model/mla.cpp (attention_cpu), whose rounding points
+// the bf16 model must share. (With P rounded to bf16, the plain decode kernels' choice, the tiny-k3-mla top-8
+// DSA layer test missed its 1e-4 bound: moe_routed 1.48e-4, reproduced on the host by rounding
+// attention_cpu's weights alone.) Cost per query: |S_i| * 1152 bytes read once, flat in the context.
+// K3_MLA_SPARSE_GATHER=1 (read per call): the session-4 path, a gather of the rows into scratch first.
 // Everything stays on the device (CUDA-graph safe); scratch = mla_sparse_scratch_bytes, and g.workspace
 // serves mla_decode_cuda as usual.
 #pragma once

@@ -1,7 +1,11 @@
-// mla_sparse_cuda.cu: sparse absorbed MLA decode = gather of the selected latent rows + mla_decode_cuda
-// (mla_sparse.h).
+// mla_sparse_cuda.cu: sparse absorbed MLA decode (mla_sparse.h) = mla_decode_cuda over each query's selected
+// rows, addressed in place: a table kernel writes row j of query i's virtual sequence as the physical cache
+// row of sel[i, j] (page * P + slot), and mla_decode_cuda reads the cache as pages of one row through it.
+// With K3_MLA_SPARSE_GATHER=1 (read per call) the rows are first copied into scratch instead (the session-4
+// path: each selected row is read twice and written once).
 #include <algorithm>
 
+#include "core/env.h"
 #include "ops/cuda_util.cuh"
 #include "ops/mla_decode.h"
 #include "ops/mla_sparse.h"
@@ -33,6 +37,23 @@ __global__ void gather_kernel(MlaSparseParams p, uint16_t* rows, int32_t* len, i
   for (int c = lane; c < kMlaRow * 2 / 16; c += 32) dst[c] = src[c];
 }
 
+// grid (topk / 256 blocks, n_q); thread j: rows[i, j] = the cache row of sel[i, j] (the last valid one past
+// |S_i|: never read, as ctx_len = |S_i|); block 0 also writes ctx_len.
+__global__ void row_table_kernel(MlaSparseParams p, int32_t* rows, int32_t* len) {
+  const int i = blockIdx.y, j = int(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int32_t* sel = p.sel + int64_t(i) * p.topk;
+  if (blockIdx.x == 0 && threadIdx.x < 32) {
+    int n = 0;
+    for (int k = threadIdx.x; k < p.topk; k += 32) n += sel[k] >= 0 ? 1 : 0;
+    for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
+    if (threadIdx.x == 0) len[i] = max(n, 1);
+  }
+  if (j >= p.topk) return;
+  const int32_t s = max(sel[j], 0);
+  const int32_t* bt = p.block_table + (p.shared_table ? 0 : int64_t(i) * p.max_pages);
+  rows[int64_t(i) * p.topk + j] = bt[s / p.page_size] * p.page_size + s % p.page_size;
+}
+
 }  // namespace
 
 void mla_sparse_cuda(const MlaSparseParams& p, GpuContext& g) {
@@ -40,18 +61,29 @@ void mla_sparse_cuda(const MlaSparseParams& p, GpuContext& g) {
   K3_ASSERT(p.scratch);
   if (p.n_q == 0) return;
   uint8_t* base = static_cast<uint8_t*>(p.scratch);
-  const size_t rows_bytes = (size_t(p.n_q) * p.topk * kMlaRow * 2 + 255) / 256 * 256;
+  MlaDecodeParams d;
+  d.n_seq = p.n_q, d.n_head = p.n_head, d.max_ctx = p.topk, d.q = p.q, d.scale = p.scale, d.out = p.out;
+  d.exact_p = true;  // fp32 softmax weights, as model/mla.cpp (mla_sparse.h)
   const size_t vec_bytes = (size_t(p.n_q) * 4 + 255) / 256 * 256;
+  if (!env_switch("K3_MLA_SPARSE_GATHER", false)) {
+    int32_t* len = reinterpret_cast<int32_t*>(base);
+    int32_t* rows = reinterpret_cast<int32_t*>(base + vec_bytes);
+    row_table_kernel<<<dim3(unsigned((p.topk + 255) / 256), unsigned(p.n_q)), 256, 0, g.stream>>>(p, rows,
+                                                                                                  len);
+    K3_CUDA_LAUNCH_CHECK();
+    d.page_size = 1, d.max_pages = p.topk, d.n_pages = p.n_pages * p.page_size;
+    d.ctx_len = len, d.block_table = rows, d.cache = p.cache;
+    mla_decode_cuda(d, g);
+    return;
+  }
+  const size_t rows_bytes = (size_t(p.n_q) * p.topk * kMlaRow * 2 + 255) / 256 * 256;
   uint16_t* rows = reinterpret_cast<uint16_t*>(base);
   int32_t* len = reinterpret_cast<int32_t*>(base + rows_bytes);
   int32_t* table = reinterpret_cast<int32_t*>(base + rows_bytes + vec_bytes);
   gather_kernel<<<dim3(unsigned((p.topk + 7) / 8), unsigned(p.n_q)), 256, 0, g.stream>>>(p, rows, len, table);
   K3_CUDA_LAUNCH_CHECK();
-  MlaDecodeParams d;
-  d.n_seq = p.n_q, d.n_head = p.n_head, d.page_size = p.topk, d.max_pages = 1, d.n_pages = p.n_q;
-  d.max_ctx = p.topk, d.ctx_len = len, d.block_table = table, d.cache = rows, d.q = p.q, d.scale = p.scale;
-  d.out = p.out;
-  d.exact_p = true;  // fp32 softmax weights, as model/mla.cpp (mla_sparse.h)
+  d.page_size = p.topk, d.max_pages = 1, d.n_pages = p.n_q;
+  d.ctx_len = len, d.block_table = table, d.cache = rows;
   mla_decode_cuda(d, g);
 }
 
