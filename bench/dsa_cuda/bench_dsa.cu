@@ -1,7 +1,7 @@
 // bench_dsa.cu: DSA decode on one GPU: index scores, top-2048 and sparse MLA (ops/dsa_index.h, dsa_topk.h,
 // mla_sparse.h), and the FP8 index keys' accuracy against bf16.
 //
-//   bench_dsa [OUT.jsonl] [COMMIT]
+//   bench_dsa [OUT.jsonl] [COMMIT] [profile]   (profile: only a few indexer and top-k launches, for ncu)
 // 1. copy bandwidth: cudaMemcpy D2D of 2 GiB (read + write bytes / time): the ceiling of every byte floor.
 // 2. checks on the timed data: the batch-1 128K index scores against the fp64 reference (NMSE), GPU top-k of
 //    those scores against the reference top-k (exact set), sparse MLA heads against the reference.
@@ -225,7 +225,8 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreate(&g.stream));
   g.workspace_bytes = size_t(512) << 20;
   CK(cudaMalloc(&g.workspace, g.workspace_bytes));
-  const double copy = copy_bandwidth(g);
+  const bool profile = argc > 3 && std::string(argv[3]) == "profile";
+  const double copy = profile ? 0.0 : copy_bandwidth(g);
 
   const int B = 64, kMax = 131072;
   Pool pool = make_pool(B, kMax, 1);
@@ -244,6 +245,25 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(lens, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
   };
   const std::vector<float> hq = down(q, size_t(B) * kH * kDi), hw = down(w, size_t(B) * kH);
+  if (profile) {  // a few launches for a profiler (ncu): b1 and b64 indexer at 128K, top-k at 8K and 128K
+    for (int ctx : {8192, 131072}) {
+      set_lens(ctx);
+      for (int nb : {1, 64}) {
+        DsaIndexParams p = index_params(pool, keys.bf16, DsaKeyFormat::bf16, nb, lens, q, w, score, kMax);
+        p.max_ctx = ctx;
+        for (int i = 0; i < 2; ++i) {
+          if (nb == 1) p.cache.block_table = pool.d_table + size_t(i + 1) * pool.max_pages;
+          dsa_index_cuda(p, g);
+        }
+        DsaTopkParams t;
+        t.n_row = nb, t.topk = kTopk, t.ld = kMax, t.score = score, t.row_len = lens, t.max_len = ctx,
+        t.sel = sel;
+        for (int i = 0; i < 2; ++i) dsa_topk_cuda(t, g);
+      }
+    }
+    CK(cudaStreamSynchronize(g.stream));
+    return 0;
+  }
 
   // ---- checks: sequence 0 at 32K against the references, every format; top-k of 64 rows at 128K
   {

@@ -31,7 +31,7 @@ if [ "${1:-}" = "--pack" ]; then  # runs HERE
   for f in tests/k3_tests bench_slice test-ops bench/bench_kda bench/bench_moe; do  # bench_moe: moe/build.sh
     cp "$build/$f" /tmp/validate_pack/ && strip -s "/tmp/validate_pack/$(basename "$f")"
   done
-  for f in "$build"/bench/bench_dsa "$build"/bench/bench_moe_probe*; do  # dsa_cuda/build.sh; MOE_PROBES="1 2 3" moe_cuda/build.sh
+  for f in "$build"/bench/bench_dsa* "$build"/bench/bench_moe_probe*; do  # dsa_cuda/build.sh; MOE_PROBES="1 2 3" moe_cuda/build.sh
     [ -f "$f" ] && cp "$f" /tmp/validate_pack/ && strip -s "/tmp/validate_pack/$(basename "$f")"
   done
   ldd /tmp/validate_pack/* 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
@@ -39,6 +39,7 @@ if [ "${1:-}" = "--pack" ]; then  # runs HERE
     xargs -r -I{} cp -L {} "$B/lib/"
   (cd /tmp/validate_pack && tar cJf "$B/bin.tar.xz" .)
   git rev-parse --short HEAD >"$B/COMMIT"
+  [ -n "${OLD_COMMIT:-}" ] && echo "$OLD_COMMIT" >"$B/COMMIT_old"  # what bench_dsa_old's kernels are
   du -sh "$B"
   exit 0
 fi
@@ -53,7 +54,7 @@ trap 'rm -rf "$S"' EXIT
 trap 'rm -rf "$S"; exit 124' TERM INT
 t0=$SECONDS
 el() { echo "t=$((SECONDS - t0)) s"; }
-STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests tests_env kda ops dsa moe slice31 slice mla fused envcmp ncu_step
+STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests tests_env kda ops dsa ncu_dsa moe slice31 slice mla fused envcmp ncu_step
 on() { [[ " $STEPS " == *" $1 "* ]]; }
 {
   echo "commit $(cat "$B/COMMIT" 2>/dev/null), steps: ${STEPS}"
@@ -81,13 +82,27 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
       env ${OPS_ENV:-K3_NONE=1} timeout 15 "$B/test-ops" test -o "$op" -b cuda -v 2>&1 | tail -${OPS_TAIL:-4}
     done
   fi
-  if on dsa; then  # bench_dsa: its checks against fp64 / the reference top-k, then the graph timings
-    echo "== bench_dsa ($(el))"
-    timeout "${DSA_BUDGET:-120}" "$B/bench_dsa" "$out/dsa_cuda.jsonl" "$(cat "$B/COMMIT" 2>/dev/null)" \
-      >"$out/dsa.log" 2>&1
+  if on dsa; then  # bench_dsa: its checks against fp64 / the reference top-k, then the graph timings; then
+    for v in "" _old; do  # bench_dsa_old (if packed): the same bench built on older kernels, same run
+      [ -x "$B/bench_dsa$v" ] || continue
+      echo "== bench_dsa$v ($(el))"
+      timeout "${DSA_BUDGET:-100}" "$B/bench_dsa$v" "$out/dsa_cuda$v.jsonl" "$(cat "$B/COMMIT$v" 2>/dev/null)" \
+        >"$out/dsa$v.log" 2>&1
+      echo "rc=$?"
+      grep -E "check|OK|FAIL|copy" "$out/dsa$v.log" | cut -c1-160
+      grep -E '"metric"' "$out/dsa$v.log" |
+        sed -E 's/.*"metric": "([^"]*)", "value": ([^,]*),.*"ratio": ([^,]*),.*"met": ([a-z]*).*/\1 \2 ratio=\3 met=\4/'
+    done
+  fi
+  if on ncu_dsa && command -v ncu >/dev/null; then  # the indexer and top-k kernels (bench_dsa profile)
+    echo "== ncu bench_dsa profile ($(el))"
+    timeout "${NCU_BUDGET:-150}" ncu --kernel-name regex:'index_kernel|topk_kernel' --clock-control none \
+      --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
+      --section SchedulerStats --section MemoryWorkloadAnalysis --print-details all \
+      "$B/bench_dsa" /dev/null x profile >"$out/ncu_dsa.txt" 2>&1
     echo "rc=$?"
-    grep -E "check|OK|FAIL|copy" "$out/dsa.log" | cut -c1-160
-    grep -E '"metric"' "$out/dsa.log" | sed -E 's/.*"metric": "([^"]*)", "value": ([^,]*),.*"ratio": ([^,]*),.*"met": ([a-z]*).*/\1 \2 ratio=\3 met=\4/'
+    grep -E 'index_kernel|topk_kernel|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|No Eligible' \
+      "$out/ncu_dsa.txt" | cut -c1-150 | head -90
   fi
   if on moe; then  # bench_moe decode: its checks against fp64 (every variant), then the decode timings
     echo "== bench_moe ${MOE_MODE:-decode} ($(el))"

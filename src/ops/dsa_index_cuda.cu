@@ -93,43 +93,48 @@ __device__ __forceinline__ int64_t ctx_of(const DsaIndexParams& p, int i) {
   return p.ctx_len ? int64_t(p.ctx_len[i]) : p.n_past + i + 1;
 }
 
-// Tile t of [k0, k1) of sequence b into stage `stage`: key rows (and fp8 scales) by cp.async. Tiles start at
-// multiples of kTileKeys, so where pages hold whole tiles (P % kTileKeys == 0, as K3.1's P = 64) the tile is
-// one page: one block-table read a tile; otherwise one a row. A thread copies the same 16-byte column of
-// rows r, r + kThreads / kChunks, ...
+// Tile t of [k0, k1) of sequence b into stage `stage`: key rows (and fp8 scales) by cp.async; a thread copies
+// the same 16-byte column of rows r0, r0 + kStep, ... Tiles start at multiples of kTileKeys, so where pages
+// hold whole tiles (P % kTileKeys == 0, as K3.1's P = 64) the tile is one page: one block-table read and no
+// division per row; otherwise each row finds its page. Positions fit 32 bits (contexts <= 2^30).
 template <int Di, bool kF8, int kRowBytes>
 __device__ __forceinline__ void load_tile(const DsaIndexParams& p, uint8_t* smem, float* sc_smem, int b,
                                           int64_t k0, int64_t k1, size_t page_bytes, int t, int stage) {
   constexpr int kKeyBytes = kF8 ? Di : 2 * Di;
   constexpr int kChunks = kKeyBytes / 16;  // 16-byte chunks per key row
-  static_assert(kThreads % kChunks == 0, "a thread keeps one column of chunks");
-  const int64_t s0 = k0 + int64_t(t) * kTileKeys;
-  const int n_rows = int(std::min<int64_t>(kTileKeys, k1 - s0)), P = p.cache.page_size;
-  uint8_t* dst = smem + stage * kTileKeys * kRowBytes;
-  const bool whole = P % kTileKeys == 0;
-  const uint8_t* tile_page = whole ? page_base(p.cache, b, s0, page_bytes) : nullptr;
-  const int slot0 = whole ? int(s0 % P) : 0;
-  // key row r of the tile: its page and slot
-  auto row = [&](int r, const uint8_t*& base, int& slot) {
-    if (whole) {
-      base = tile_page, slot = slot0 + r;
-    } else {
-      base = page_base(p.cache, b, s0 + r, page_bytes), slot = int((s0 + r) % P);
+  constexpr int kStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && kTileKeys % kStep == 0, "a thread keeps one column of chunks");
+  const int s0 = int(k0) + t * kTileKeys, n_rows = int(std::min<int64_t>(kTileKeys, k1 - s0));
+  const int P = p.cache.page_size, ch = threadIdx.x % kChunks, r0 = threadIdx.x / kChunks;
+  const int32_t* table = p.cache.block_table + int64_t(b) * p.cache.max_pages;
+  const uint8_t* pages = static_cast<const uint8_t*>(p.cache.pages);
+  uint8_t* dst = smem + stage * kTileKeys * kRowBytes + ch * 16;
+  float* sc_dst = sc_smem + stage * kTileKeys;
+  if (P % kTileKeys == 0) {
+    const uint8_t* page = pages + size_t(table[s0 / P]) * page_bytes;
+    const int slot0 = s0 % P;
+    const uint8_t* src = page + size_t(slot0) * kKeyBytes + ch * 16;
+#pragma unroll
+    for (int i = 0; i < kTileKeys / kStep; ++i) {
+      const int r = r0 + i * kStep;
+      if (r < n_rows) cp_async16(dst + r * kRowBytes, src + r * kKeyBytes);
     }
-  };
-  const int ch = threadIdx.x % kChunks;
-  for (int r = threadIdx.x / kChunks; r < n_rows; r += kThreads / kChunks) {
-    const uint8_t* base;
-    int slot;
-    row(r, base, slot);
-    cp_async16(dst + r * kRowBytes + ch * 16, base + size_t(slot) * kKeyBytes + ch * 16);
+    if constexpr (kF8) {
+      const float* sc = reinterpret_cast<const float*>(page + size_t(P) * Di) + slot0;
+      for (int r = threadIdx.x; r < n_rows; r += kThreads) cp_async4(sc_dst + r, sc + r);
+    }
+    return;
+  }
+  for (int r = r0; r < n_rows; r += kStep) {
+    const int s = s0 + r;
+    const uint8_t* page = pages + size_t(table[s / P]) * page_bytes;
+    cp_async16(dst + r * kRowBytes, page + size_t(s % P) * kKeyBytes + ch * 16);
   }
   if constexpr (kF8) {
     for (int r = threadIdx.x; r < n_rows; r += kThreads) {
-      const uint8_t* base;
-      int slot;
-      row(r, base, slot);
-      cp_async4(sc_smem + stage * kTileKeys + r, base + size_t(P) * Di + size_t(slot) * 4);
+      const int s = s0 + r;
+      const uint8_t* page = pages + size_t(table[s / P]) * page_bytes;
+      cp_async4(sc_dst + r, page + size_t(P) * Di + size_t(s % P) * 4);
     }
   }
 }

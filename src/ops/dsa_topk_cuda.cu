@@ -5,12 +5,16 @@
 // (one coalesced read of the row), so the five passes below read shared memory; longer chunks (rows past
 // kStageKeys * C) read global memory in every pass. Per pass (digit 3 .. 0 of the 32-bit key, 8 bits each):
 //   local histogram of the digit over the keys that match the prefix found so far (warp-aggregated smem
-//   atomics: many equal keys cost one atomic per warp), cluster barrier, every CTA sums the C histograms
-//   through distributed shared memory, warp 0 finds the digit b* holding the remaining-th largest key,
-//   adds b* to the prefix and counts this CTA's keys above it (all of them are selected).
-// After 4 passes the prefix is T, the topk-th largest key; need = how many keys == T to take. The CTAs
-// publish (#greater, #equal) of their chunk, and every CTA writes its selected positions in order with a
-// block scan: slot(s) = #greater before s + min(#equal before s, need).
+//   atomics: many equal keys cost one atomic per warp), one barrier (the cluster's, release / acquire, where
+//   C > 1: a GPU-scope fence each, so the only ones), every CTA sums the C histograms through distributed
+//   shared memory (and, apart, those of the lower ranks), warp 0 finds the digit b* holding the
+//   remaining-th largest key and adds b* to the prefix. Histograms alternate between two buffers, so no
+//   second barrier guards their reuse.
+// After 4 passes the prefix is T, the topk-th largest key; need = how many keys == T to take; the lower
+// ranks' counts of keys > T (the sum over passes of their keys above each pass's digit) and == T (their last
+// histogram at T) came with the merges. Every CTA writes its selected positions in order with a block scan:
+// slot(s) = #greater before s + min(#equal before s, need). A relaxed cluster arrive after the last merge
+// and a wait at the end keep every CTA's histograms alive while peers read them.
 #include <cooperative_groups.h>
 #include <cub/block/block_scan.cuh>
 
@@ -39,11 +43,20 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 }
 
 struct TopkShared {
-  uint32_t hist[256];
-  uint32_t merged[256];
-  uint32_t gt_local, eq_local;  // this CTA's chunk: keys > T, keys == T (published to the cluster)
+  uint32_t hist[2]
+               [256];  // this CTA's histogram of pass p in hist[p % 2] (read by the cluster until pass p + 1)
+  uint32_t merged[256];         // the cluster's histogram of this pass
+  uint32_t lower[256];          // the part of it from the CTAs of lower rank (their chunks precede this one)
   uint32_t digit, above;        // pass result: chosen digit, merged count of keys above it
+  uint32_t gt_lower, eq_lower;  // keys of the lower ranks' chunks > T (this pass), == T (the last pass)
 };
+
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
 
 __global__ void __launch_bounds__(kThreads) topk_kernel(DsaTopkParams p, int stage_cap) {
   cg::cluster_group cluster = cg::this_cluster();
@@ -74,13 +87,16 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(DsaTopkParams p, int sta
       for (int u = 0; u < 8; ++u)
         if (j0 + u * kThreads < m) staged[j0 + u * kThreads] = v[u];
     }
-    __syncthreads();
     src = staged;
   }
 
-  uint32_t prefix = 0, mask = 0, remaining = uint32_t(p.topk), gt_local = 0;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = tid; b < 256; b += kThreads) sh.hist[b] = 0;
+  // Pass p: a barrier between the histogram and its merge (a cluster barrier with release / acquire where
+  // C > 1: the only ones in the kernel); the histograms alternate between two buffers, so the next pass may
+  // clear the other one at once (its readers, pass p - 1's merges, all came before this pass's barrier).
+  uint32_t prefix = 0, mask = 0, remaining = uint32_t(p.topk), gt_lower = 0;
+  for (int shift = 24, pass = 0; shift >= 0; shift -= 8, ++pass) {
+    uint32_t* hist = sh.hist[pass & 1];
+    for (int b = tid; b < 256; b += kThreads) hist[b] = 0;
     __syncthreads();
     // warp-uniform loop: every lane takes part in the match
     for (int64_t base = lo + int64_t(warp) * 32; base < hi; base += kThreads) {
@@ -91,14 +107,22 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(DsaTopkParams p, int sta
         if ((k & mask) == prefix) bin = int((k >> shift) & 255u);
       }
       const unsigned same = __match_any_sync(0xffffffffu, bin);
-      if (bin < 256 && lane == __ffs(same) - 1) atomicAdd(&sh.hist[bin], uint32_t(__popc(same)));
+      if (bin < 256 && lane == __ffs(same) - 1) atomicAdd(&hist[bin], uint32_t(__popc(same)));
     }
-    cluster.sync();
+    if (C > 1)
+      cluster.sync();
+    else
+      __syncthreads();
     for (int b = tid; b < 256; b += kThreads) {
-      uint32_t s = 0;
-      for (int r = 0; r < C; ++r) s += cluster.map_shared_rank(sh.hist, r)[b];
-      sh.merged[b] = s;
+      uint32_t s = 0, low = 0;
+      for (int r = 0; r < C; ++r) {
+        const uint32_t v = C > 1 ? cluster.map_shared_rank(hist, r)[b] : hist[b];
+        s += v;
+        low += r < rank ? v : 0u;
+      }
+      sh.merged[b] = s, sh.lower[b] = low;
     }
+    if (C > 1 && shift == 0) cluster_arrive_relaxed();  // the last remote reads are done (wait: at the end)
     __syncthreads();
     if (warp == 0) {
       // lane l owns bins 255 - 8l .. 248 - 8l (descending); inclusive scan from the top
@@ -118,33 +142,25 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(DsaTopkParams p, int sta
       }
       __syncwarp();
       const uint32_t d = sh.digit;
-      uint32_t g = 0;
+      uint32_t gl = 0;  // the lower ranks' keys above the digit
       for (int j = 0; j < 8; ++j) {
         const int b = 255 - 8 * lane - j;
-        if (uint32_t(b) > d) g += sh.hist[b];
+        if (uint32_t(b) > d) gl += sh.lower[b];
       }
-      for (int o = 16; o > 0; o >>= 1) g += __shfl_xor_sync(0xffffffffu, g, o);
+      for (int o = 16; o > 0; o >>= 1) gl += __shfl_xor_sync(0xffffffffu, gl, o);
       if (lane == 0) {
-        sh.gt_local = g;
-        if (shift == 0) sh.eq_local = sh.hist[d];
+        sh.gt_lower = gl;
+        if (shift == 0) sh.eq_lower = sh.lower[d];
       }
     }
     __syncthreads();
     remaining -= sh.above;
     prefix |= sh.digit << shift;
     mask |= 255u << shift;
-    gt_local += sh.gt_local;
-    cluster.sync();  // every CTA has read the histograms before the next pass clears them
+    gt_lower += sh.gt_lower;
   }
-  if (tid == 0) sh.gt_local = gt_local;  // eq_local was set in the last pass
-  cluster.sync();
   const uint32_t T = prefix, need = remaining;
-  uint32_t gt_before = 0, eq_before = 0;
-  for (int r = 0; r < rank; ++r) {
-    const TopkShared* o = cluster.map_shared_rank(&sh, r);
-    gt_before += o->gt_local, eq_before += o->eq_local;
-  }
-  cluster.sync();  // remote reads done before any CTA may exit
+  uint32_t gt_before = gt_lower, eq_before = sh.eq_lower;
 
   using Scan = cub::BlockScan<uint32_t, kThreads>;
   for (int64_t t0 = lo; t0 < hi; t0 += kTile) {
@@ -173,6 +189,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(DsaTopkParams p, int sta
     gt_before += total & 0xFFFFu, eq_before += total >> 16;
     __syncthreads();  // scan_tmp reuse
   }
+  if (C > 1) cluster_wait();  // no CTA exits while a peer may still read its histograms
 }
 
 cudaLaunchConfig_t launch_config(int C, const DsaTopkParams& p, size_t smem, cudaStream_t stream,
