@@ -342,8 +342,37 @@ int main(int argc, char** argv) {
           dsa_index_cuda(r, g);
         };
         const double us = graph_us(g, call);
-        if (nb == 1 && ctx == 131072)
+        if (nb == 1 && ctx == 131072) {
           emit(tag + (f ? "_index_fp8" : "_index_bf16") + "_eager_us", median_us(g, call), "us");
+          if (!f) {  // what bounds batch 1: the CTA count (forced splits), and page scatter (a contiguous
+                     // table)
+            for (int ns : {128, 256, 512, 1024, 2048}) {
+              DsaIndexParams r = p;
+              r.n_split = ns;
+              emit(tag + "_index_bf16_split" + std::to_string(ns) + "_us",
+                   graph_us(g,
+                            [&](int i) {
+                              r.cache.block_table = pool.d_table + size_t(i % B) * pool.max_pages;
+                              dsa_index_cuda(r, g);
+                            }),
+                   "us");
+            }
+            std::vector<int32_t> ident(pool.table.size());
+            std::iota(ident.begin(), ident.end(), 0);
+            int32_t* d_ident;
+            CK(cudaMalloc(&d_ident, ident.size() * 4));
+            CK(cudaMemcpy(d_ident, ident.data(), ident.size() * 4, cudaMemcpyHostToDevice));
+            emit(tag + "_index_bf16_contiguous_us",
+                 graph_us(g,
+                          [&](int i) {
+                            DsaIndexParams r = p;
+                            r.cache.block_table = d_ident + size_t(i % B) * pool.max_pages;
+                            dsa_index_cuda(r, g);
+                          }),
+                 "us");
+            CK(cudaFree(d_ident));
+          }
+        }
         const double bytes = double(nb) * ctx * (f ? kDi + 4 : 2 * kDi);
         const std::string m = tag + (f ? "_index_fp8" : "_index_bf16");
         emit(m + "_us", us, "us");
