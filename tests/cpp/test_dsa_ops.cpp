@@ -98,7 +98,9 @@ void radix_topk_row(const float* score, int64_t n, int topk, int C, int32_t* out
     return;
   }
   const int64_t chunk = (n + C - 1) / C;
-  std::vector<uint32_t> gt_local(size_t(C), 0), eq_local(size_t(C), 0);
+  // per CTA r: its histogram, and (as the kernel gets them from its merges) the lower ranks' counts of keys
+  // above each pass's digit and, in the last pass, at it
+  std::vector<uint32_t> gt_lower(size_t(C), 0), eq_lower(size_t(C), 0);
   std::vector<std::vector<uint32_t>> hist(size_t(C), std::vector<uint32_t>(256));
   uint32_t prefix = 0, mask = 0, remaining = uint32_t(topk);
   for (int shift = 24; shift >= 0; shift -= 8) {
@@ -116,31 +118,35 @@ void radix_topk_row(const float* score, int64_t n, int topk, int C, int32_t* out
     int d = 255;
     while (above + merged[size_t(d)] < remaining) above += merged[size_t(d--)];
     for (int r = 0; r < C; ++r) {
-      for (int b = d + 1; b < 256; ++b) gt_local[size_t(r)] += hist[size_t(r)][size_t(b)];
-      if (shift == 0) eq_local[size_t(r)] = hist[size_t(r)][size_t(d)];
+      std::vector<uint32_t> lower(256, 0);
+      for (int q = 0; q < r; ++q)
+        for (int b = 0; b < 256; ++b) lower[size_t(b)] += hist[size_t(q)][size_t(b)];
+      for (int b = d + 1; b < 256; ++b) gt_lower[size_t(r)] += lower[size_t(b)];
+      if (shift == 0) eq_lower[size_t(r)] = lower[size_t(d)];
     }
     remaining -= above;
     prefix |= uint32_t(d) << shift;
     mask |= 255u << shift;
   }
   const uint32_t T = prefix, need = remaining;
-  uint32_t gt = 0, eq = 0;  // running over the row in position order = the per-CTA bases + in-CTA scans
+  uint32_t gt_all = 0, eq_all = 0;  // running over the row in position order: what each CTA's base must be
   for (int r = 0; r < C; ++r) {
+    EXPECT_EQ(gt_lower[size_t(r)], gt_all);
+    EXPECT_EQ(eq_lower[size_t(r)], eq_all);
+    uint32_t gt = gt_lower[size_t(r)], eq = eq_lower[size_t(r)];  // the kernel's bases, then its block scans
     const int64_t lo = std::min(n, r * chunk), hi = std::min(n, lo + chunk);
     for (int64_t i = lo; i < hi; ++i) {
       const uint32_t k = order_key(score[i]);
       if (k > T) {
         out[gt + std::min(eq, need)] = int32_t(i);
-        ++gt;
+        ++gt, ++gt_all;
       } else if (k == T) {
         if (eq < need) out[gt + eq] = int32_t(i);
-        ++eq;
+        ++eq, ++eq_all;
       }
     }
-    EXPECT_EQ(gt, std::accumulate(gt_local.begin(), gt_local.begin() + r + 1, 0u));
-    EXPECT_EQ(eq, std::accumulate(eq_local.begin(), eq_local.begin() + r + 1, 0u));
   }
-  EXPECT_EQ(gt + need, uint32_t(topk));
+  EXPECT_EQ(gt_all + need, uint32_t(topk));
 }
 
 TEST(DsaTopk, RadixEmulationEqualsReferenceWithTies) {
@@ -151,7 +157,8 @@ TEST(DsaTopk, RadixEmulationEqualsReferenceWithTies) {
   };
   const int topk = 2048;
   for (Row row : {Row{2049, 0, 1}, Row{5000, 1, 1}, Row{70001, 2, 5}, Row{131072, 1, 8}, Row{50000, 3, 4},
-                  Row{int64_t(1) << 20, 1, 8}, Row{int64_t(1) << 20, 0, 8}, Row{9000, 4, 3}}) {
+                  Row{int64_t(1) << 20, 1, 8}, Row{int64_t(1) << 20, 0, 8}, Row{9000, 4, 3},
+                  Row{131072, 0, 16}, Row{131072, 1, 16}}) {
     std::vector<float> s(size_t(row.n));
     std::normal_distribution<float> nd;
     for (float& v : s) {
