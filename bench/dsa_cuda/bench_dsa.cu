@@ -397,6 +397,14 @@ int main(int argc, char** argv) {
       s.n_q = nb;
       const double ms = graph_us(g, [&](int) { mla_sparse_cuda(s, g); });
       emit(tag + "_sparse_mla_us", ms, "us");
+      if (ctx ==
+          131072)  // the decode kernel's KV splits over 2048 rows (its own choice at b1: 32 of one tile)
+        for (int ns : {2, 4, 8, 16}) {
+          MlaSparseParams r = s;
+          r.n_split = ns;
+          emit(tag + "_sparse_mla_split" + std::to_string(ns) + "_us",
+               graph_us(g, [&](int) { mla_sparse_cuda(r, g); }), "us");
+        }
       setenv("K3_MLA_SPARSE_GATHER", "1", 1);  // the gather path, for comparison
       emit(tag + "_sparse_mla_gather_us", graph_us(g, [&](int) { mla_sparse_cuda(s, g); }), "us");
       unsetenv("K3_MLA_SPARSE_GATHER");

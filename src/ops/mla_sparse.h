@@ -39,6 +39,7 @@ struct MlaSparseParams {
   float scale = 1.f;
   float* out = nullptr;     // [n_q, n_head, 512]
   void* scratch = nullptr;  // cuda: mla_sparse_scratch_bytes(n_q, topk)
+  int n_split = 0;          // cuda: mla_decode's KV splits per query, 0 = its own choice
 };
 
 Status mla_sparse_check(const MlaSparseParams& p);

@@ -64,6 +64,7 @@ void mla_sparse_cuda(const MlaSparseParams& p, GpuContext& g) {
   MlaDecodeParams d;
   d.n_seq = p.n_q, d.n_head = p.n_head, d.max_ctx = p.topk, d.q = p.q, d.scale = p.scale, d.out = p.out;
   d.exact_p = true;  // fp32 softmax weights, as model/mla.cpp (mla_sparse.h)
+  d.n_split = p.n_split;
   const size_t vec_bytes = (size_t(p.n_q) * 4 + 255) / 256 * 256;
   if (!env_switch("K3_MLA_SPARSE_GATHER", false)) {
     int32_t* len = reinterpret_cast<int32_t*>(base);
