@@ -10,10 +10,12 @@ srcs=("$here/bench/dsa_cuda/bench_dsa.cu" "$here"/src/ops/dsa_*.c* "$here"/src/o
       "$here"/src/ops/mla_decode*.cu "$here/src/ops/mla_decode_ref.cpp" "$here/src/core/dtype.cpp"
       "$here/src/core/env.cpp" "$here/src/core/log.cpp")
 objs=()
+# the newest header any object may include: an object older than it is rebuilt
+newest_hdr=$(ls -t "$here"/src/ops/*.h "$here"/src/ops/*.cuh "$here"/src/core/*.h "$here"/bench/*.cuh | head -1)
 for s in "${srcs[@]}"; do
   o="$out/obj/$(basename "$s").o"
   objs+=("$o")
-  if [ ! -e "$o" ] || [ "$s" -nt "$o" ] || [ "$here/src/ops/dsa_index.h" -nt "$o" ]; then
+  if [ ! -e "$o" ] || [ "$s" -nt "$o" ] || [ "$newest_hdr" -nt "$o" ]; then
     nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -lineinfo --expt-relaxed-constexpr \
       -I"$here/src" -I"$here/include" -x cu -c "$s" -o "$o" 2>&1 | grep -E "error|warning" || true
     test -e "$o" || { echo "compile failed: $s"; exit 1; }
