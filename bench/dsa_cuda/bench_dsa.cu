@@ -357,6 +357,15 @@ int main(int argc, char** argv) {
                             }),
                    "us");
             }
+            DsaIndexParams r6 = p;  // a 6-tile ring (all of a CTA's tiles in flight at 128K)
+            r6.stages = 6;
+            emit(tag + "_index_bf16_stages6_us",
+                 graph_us(g,
+                          [&](int i) {
+                            r6.cache.block_table = pool.d_table + size_t(i % B) * pool.max_pages;
+                            dsa_index_cuda(r6, g);
+                          }),
+                 "us");
             std::vector<int32_t> ident(pool.table.size());
             std::iota(ident.begin(), ident.end(), 0);
             int32_t* d_ident;

@@ -72,6 +72,7 @@ struct DsaIndexParams {
   float* score = nullptr;  // [n_q, ld]
   int64_t ld = 0;
   int n_split = 0;  // cuda decode: CTAs per query, 0 = chosen from max_ctx and the SMs
+  int stages = 0;   // cuda: key tiles in flight + 1 (0 = 3; 6: a deeper ring, bf16 keys, Di = 128)
 };
 Status dsa_index_check(const DsaIndexParams& p);
 // fp64 sums over the stored keys (fp8: sc * e4m3) and q~.

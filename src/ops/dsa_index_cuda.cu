@@ -19,9 +19,9 @@
 namespace k3 {
 namespace {
 
-constexpr int kThreads = 128;  // 4 warps
-constexpr int kTileKeys = 64;  // keys per shared-memory stage
-constexpr int kStages = 3;
+constexpr int kThreads = 128;      // 4 warps
+constexpr int kTileKeys = 64;      // keys per shared-memory stage
+constexpr int kStagesDefault = 3;  // key tiles in the cp.async ring (DsaIndexParams::stages: 6, bf16)
 
 enum Mode { kBf16 = 0, kExact = 1, kFp8 = 2 };
 
@@ -139,7 +139,7 @@ __device__ __forceinline__ void load_tile(const DsaIndexParams& p, uint8_t* smem
   }
 }
 
-template <int KS, int NT, int MODE>
+template <int KS, int NT, int MODE, int kStages>
 __global__ void __launch_bounds__(kThreads) index_kernel(DsaIndexParams p, int qpc, int64_t keys_per_cta) {
   constexpr int Di = KS * 16;
   constexpr bool kF8 = MODE == kFp8;
@@ -327,12 +327,12 @@ __global__ void key_store_kernel(DsaKeyStoreParams p) {
   if (lane == 0) reinterpret_cast<float*>(base + size_t(c.page_size) * Di)[slot] = sc;
 }
 
-template <int KS, int NT, int MODE>
+template <int KS, int NT, int MODE, int kStages = kStagesDefault>
 void launch(const DsaIndexParams& p, GpuContext& g) {
   constexpr int Di = KS * 16;
   constexpr int kRowBytes = (MODE == kFp8 ? Di : 2 * Di) + 16;
   const size_t smem = size_t(kStages) * kTileKeys * kRowBytes + (MODE == kFp8 ? kStages * kTileKeys * 4 : 0);
-  auto* kern = index_kernel<KS, NT, MODE>;
+  auto* kern = index_kernel<KS, NT, MODE, kStages>;
   static std::atomic<bool> sized[64] = {};
   cuda_ops::smem_opt_in(sized, int(smem), kern);
   static std::atomic<int> per_sm{0};  // resident CTAs per SM (this instantiation)
@@ -380,6 +380,7 @@ void dsa_index_cuda(const DsaIndexParams& p, GpuContext& g) {
   if (Di == 128 && H > 24 && H <= 32) {
     if (f8) return launch<8, 4, kFp8>(p, g);
     if (p.q_exact) return launch<8, 4, kExact>(p, g);
+    if (p.stages == 6) return launch<8, 4, kBf16, 6>(p, g);
     return launch<8, 4, kBf16>(p, g);
   }
   if (Di == 16 && H <= 8 && !f8 && !p.q_exact) return launch<1, 1, kBf16>(p, g);

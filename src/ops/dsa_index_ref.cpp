@@ -94,6 +94,8 @@ Status dsa_index_check(const DsaIndexParams& p) {
     return error(Code::unsupported,
                  "dsa_index: " + std::to_string(p.n_head) + " index heads (supported 1..64)");
   if (p.n_q < 0) return error(Code::invalid_argument, "dsa_index: n_q < 0");
+  if (p.stages != 0 && p.stages != 3 && p.stages != 6)
+    return error(Code::invalid_argument, "dsa_index: stages " + std::to_string(p.stages) + " (0, 3 or 6)");
   const int64_t cap = int64_t(p.cache.max_pages) * p.cache.page_size;
   if (p.max_ctx < 1 || p.max_ctx > cap || p.max_ctx > p.ld || (!p.ctx_len && p.n_past + p.n_q > p.max_ctx))
     return error(Code::invalid_argument, "dsa_index: max_ctx " + std::to_string(p.max_ctx) +
