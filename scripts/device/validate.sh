@@ -117,7 +117,7 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
   fi
   if on slice31; then  # DSA's sparse steps (top-2048 of 4K): ops/mla_sparse.h in the model
     echo "== bench_slice, defaults, K3.1 decode B=1 T=4K ($(el))"
-    timeout 45 "$B/bench_slice" -m "$S/k31" --no-check --batches 1 --contexts 4096 --budget-s 30 \
+    timeout 45 "$B/bench_slice" -m "$S/k31" --no-check --batches 1 --contexts "${SLICE31_CTX:-4096}" --budget-s 30 \
       --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)" 2>&1 | grep -E 'B=|graphs'
   fi
   if on slice; then

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 
 #include "ops/cuda_util.cuh"
 #include "ops/dsa_index.h"
@@ -19,9 +20,11 @@
 namespace k3 {
 namespace {
 
-constexpr int kThreads = 128;      // 4 warps
-constexpr int kTileKeys = 64;      // keys per shared-memory stage
-constexpr int kStagesDefault = 3;  // key tiles in the cp.async ring (DsaIndexParams::stages: 6, bf16)
+constexpr int kThreads = 128;  // 4 warps
+constexpr int kTileKeys = 64;  // keys per shared-memory stage
+constexpr int kStagesDefault = 3;
+constexpr int kQStride = 128 + 8;  // floats a q row in shared memory (decode; Di <= 128)  // key tiles in the
+                                   // cp.async ring (DsaIndexParams::stages: 6, bf16)
 
 enum Mode { kBf16 = 0, kExact = 1, kFp8 = 2 };
 
@@ -163,7 +166,9 @@ __global__ void __launch_bounds__(kThreads) index_kernel(DsaIndexParams p, int q
     if (st < n_tiles) load_tile<Di, kF8, kRowBytes>(p, smem, sc_smem, b, k0, k1, page_bytes, st, st);
     cp_commit();
   }
-  // This warp's query: q fragments (B operand) and head weights in registers.
+  // This warp's query: q fragments (B operand) and head weights in registers. Decode (one query a CTA):
+  // the query's q rows are first copied into shared memory by 16-byte loads (one round trip), rows padded by
+  // 8 floats so the fragments' 8-byte reads are conflict-free; prefill warps read their own query's q.
   const int qs = warp % qpc, qi = i0 + qs;
   const bool q_ok = qs < n_qc;
   const int H = p.n_head;
@@ -171,6 +176,26 @@ __global__ void __launch_bounds__(kThreads) index_kernel(DsaIndexParams p, int q
   float wv[NT][2];
   {
     const float* q = p.q + int64_t(q_ok ? qi : i0) * H * Di;
+    const bool staged = qpc == 1;
+    float* q_smem = reinterpret_cast<float*>(smem + kStages * kTileKeys * kRowBytes +
+                                             (kF8 ? kStages * kTileKeys * 4 : 0));
+    if (staged) {
+      constexpr int kVecs = Di / 4;  // float4 a row
+      if ((reinterpret_cast<uintptr_t>(q) & 15) == 0) {
+        for (int v = threadIdx.x; v < H * kVecs; v += kThreads)
+          reinterpret_cast<float4*>(q_smem)[(v / kVecs) * (kQStride / 4) + v % kVecs] =
+              reinterpret_cast<const float4*>(q)[v];
+      } else {
+        for (int v = threadIdx.x; v < H * Di; v += kThreads) q_smem[(v / Di) * kQStride + v % Di] = q[v];
+      }
+      __syncthreads();
+    }
+    // q[h, e], q[h, e + 1] (e even)
+    auto qpair = [&](int h, int e) {
+      if (h >= H) return make_float2(0.f, 0.f);
+      if (staged) return *reinterpret_cast<const float2*>(q_smem + h * kQStride + e);
+      return make_float2(q[h * Di + e], q[h * Di + e + 1]);
+    };
     float sq[NT];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -180,8 +205,10 @@ __global__ void __launch_bounds__(kThreads) index_kernel(DsaIndexParams p, int q
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks)
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            m = fmaxf(m, fabsf(q[h * Di + ks * 16 + (lane % 4) * 2 + (j & 1) + (j >> 1) * 8]));
+          for (int r = 0; r < 2; ++r) {
+            const float2 x = qpair(h, ks * 16 + (lane % 4) * 2 + r * 8);
+            m = fmaxf(m, fmaxf(fabsf(x.x), fabsf(x.y)));
+          }
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
       sq[nt] = m > 0.f ? m : 1.f;
@@ -190,7 +217,8 @@ __global__ void __launch_bounds__(kThreads) index_kernel(DsaIndexParams p, int q
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int e = ks * 16 + (lane % 4) * 2 + r * 8;
-          const float x0 = h < H ? q[h * Di + e] : 0.f, x1 = h < H ? q[h * Di + e + 1] : 0.f;
+          const float2 x = qpair(h, e);
+          const float x0 = x.x, x1 = x.y;
           if constexpr (kF8) {
             bq[nt][ks][r] = pack_f16(x0 / sq[nt], x1 / sq[nt]);
           } else {
@@ -331,17 +359,18 @@ template <int KS, int NT, int MODE, int kStages = kStagesDefault>
 void launch(const DsaIndexParams& p, GpuContext& g) {
   constexpr int Di = KS * 16;
   constexpr int kRowBytes = (MODE == kFp8 ? Di : 2 * Di) + 16;
-  const size_t smem = size_t(kStages) * kTileKeys * kRowBytes + (MODE == kFp8 ? kStages * kTileKeys * 4 : 0);
+  const bool decode = p.ctx_len != nullptr;
+  const size_t smem = size_t(kStages) * kTileKeys * kRowBytes + (MODE == kFp8 ? kStages * kTileKeys * 4 : 0) +
+                      (decode ? size_t(NT) * 8 * kQStride * 4 : 0);  // + the staged q rows
   auto* kern = index_kernel<KS, NT, MODE, kStages>;
   static std::atomic<bool> sized[64] = {};
   cuda_ops::smem_opt_in(sized, int(smem), kern);
-  static std::atomic<int> per_sm{0};  // resident CTAs per SM (this instantiation)
-  if (per_sm.load() == 0) {
+  static std::atomic<int> per_sm[2] = {};  // resident CTAs per SM (this instantiation; prefill, decode)
+  if (per_sm[decode].load() == 0) {
     int n = 0;
     K3_CUDA_ASSERT(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, kThreads, smem));
-    per_sm = std::max(n, 1);
+    per_sm[decode] = std::max(n, 1);
   }
-  const bool decode = p.ctx_len != nullptr;
   const int qpc = decode ? 1 : 4;
   int64_t kpc;
   if (decode) {
@@ -350,9 +379,11 @@ void launch(const DsaIndexParams& p, GpuContext& g) {
     } else {
       // whole waves of resident CTAs (a partial last wave of long CTAs would run alone): one wave while the
       // CTAs get >= 2048 keys, up to 4 waves of longer ones; CTAs of >= 256 keys
-      const int64_t total = int64_t(p.n_q) * p.max_ctx, slots = int64_t(cuda_ops::device_sm_count()) * per_sm;
+      const int64_t total = int64_t(p.n_q) * p.max_ctx,
+                    slots = int64_t(cuda_ops::device_sm_count()) * per_sm[decode];
       const int64_t waves = std::clamp<int64_t>(total / (slots * 2048), 1, 4);
-      kpc = std::max<int64_t>(256, (total + slots * waves - 1) / (slots * waves));
+      const int64_t splits = std::max<int64_t>(1, slots * waves / p.n_q);  // CTAs a query, whole waves
+      kpc = std::max<int64_t>(256, (p.max_ctx + splits - 1) / splits);
     }
   } else {
     kpc = 1024;
