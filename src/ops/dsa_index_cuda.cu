@@ -360,11 +360,12 @@ void launch(const DsaIndexParams& p, GpuContext& g) {
   constexpr int Di = KS * 16;
   constexpr int kRowBytes = (MODE == kFp8 ? Di : 2 * Di) + 16;
   const bool decode = p.ctx_len != nullptr;
-  const size_t smem = size_t(kStages) * kTileKeys * kRowBytes + (MODE == kFp8 ? kStages * kTileKeys * 4 : 0) +
-                      (decode ? size_t(NT) * 8 * kQStride * 4 : 0);  // + the staged q rows
+  const size_t smem_base =
+      size_t(kStages) * kTileKeys * kRowBytes + (MODE == kFp8 ? kStages * kTileKeys * 4 : 0);
+  const size_t smem = smem_base + (decode ? size_t(NT) * 8 * kQStride * 4 : 0);  // + the staged q rows
   auto* kern = index_kernel<KS, NT, MODE, kStages>;
-  static std::atomic<bool> sized[64] = {};
-  cuda_ops::smem_opt_in(sized, int(smem), kern);
+  static std::atomic<bool> sized[64] = {};  // once per device, for the larger (decode) size
+  cuda_ops::smem_opt_in(sized, int(smem_base + size_t(NT) * 8 * kQStride * 4), kern);
   static std::atomic<int> per_sm[2] = {};  // resident CTAs per SM (this instantiation; prefill, decode)
   if (per_sm[decode].load() == 0) {
     int n = 0;
