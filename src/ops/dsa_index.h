@@ -19,7 +19,8 @@
 // through shared memory (cp.async, 3 stages; one block-table read a tile where pages hold whole tiles); each
 // warp keeps one query's q fragments in registers and scores its 16-key slices: keys are the M side, heads
 // the N side, so the head sum is a per-lane sum plus two shuffles. Decode: one query per CTA, the context
-// split over CTAs in whole waves of resident CTAs (1 to 4). Prefill: 4 queries per CTA share every key tile.
+// split over CTAs in whole waves of resident CTAs (1 to 4), the query's q staged in shared memory first.
+// Prefill: 4 queries per CTA share every key tile. Contexts up to 2^30.
 // The byte floor per call is sum over sequences of n * (Di * 2) bytes (bf16) or n * (Di + 4) (fp8).
 #pragma once
 

@@ -20,11 +20,10 @@
 namespace k3 {
 namespace {
 
-constexpr int kThreads = 128;  // 4 warps
-constexpr int kTileKeys = 64;  // keys per shared-memory stage
-constexpr int kStagesDefault = 3;
-constexpr int kQStride = 128 + 8;  // floats a q row in shared memory (decode; Di <= 128)  // key tiles in the
-                                   // cp.async ring (DsaIndexParams::stages: 6, bf16)
+constexpr int kThreads = 128;      // 4 warps
+constexpr int kTileKeys = 64;      // keys per shared-memory stage
+constexpr int kStagesDefault = 3;  // key tiles in the cp.async ring (DsaIndexParams::stages: 6, bf16)
+constexpr int kQStride = 128 + 8;  // floats a q row in shared memory (decode; Di <= 128)
 
 enum Mode { kBf16 = 0, kExact = 1, kFp8 = 2 };
 

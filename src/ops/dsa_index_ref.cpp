@@ -101,6 +101,9 @@ Status dsa_index_check(const DsaIndexParams& p) {
     return error(Code::invalid_argument, "dsa_index: max_ctx " + std::to_string(p.max_ctx) +
                                              " must bound every query's context, fit the block table (" +
                                              std::to_string(cap) + ") and ld " + std::to_string(p.ld));
+  if (p.max_ctx > (int64_t(1) << 30))
+    return error(Code::unsupported,
+                 "dsa_index: contexts longer than 2^30 (" + std::to_string(p.max_ctx) + ")");
   if (p.q_exact && p.cache.fmt != DsaKeyFormat::bf16)
     return error(Code::unsupported, "dsa_index: q_exact needs bf16 keys");
   if (p.n_q > 0 && (!p.q || !p.w || !p.score))

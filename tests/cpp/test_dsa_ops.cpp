@@ -193,13 +193,37 @@ TEST(DsaTopk, RadixEmulationEqualsReferenceWithTies) {
 }
 
 TEST(DsaTopk, CheckRejectsBadShapes) {
+  std::vector<float> score(10);
+  std::vector<int32_t> sel(4);
   DsaTopkParams p;
-  p.n_row = 1, p.topk = 0, p.ld = 10, p.max_len = 10;
+  p.n_row = 1, p.topk = 4, p.ld = 10, p.max_len = 10, p.len0 = 10, p.score = score.data(), p.sel = sel.data();
+  EXPECT_TRUE(dsa_topk_check(p).ok());
+  p.cluster = 16;
+  EXPECT_TRUE(dsa_topk_check(p).ok());
+  p.cluster = 17;
+  EXPECT_FALSE(dsa_topk_check(p).ok());  // clusters of 1..16 CTAs
+  p.cluster = 0, p.topk = 0;
   EXPECT_FALSE(dsa_topk_check(p).ok());
   p.topk = 4, p.max_len = 11;
   EXPECT_FALSE(dsa_topk_check(p).ok());  // max_len > ld
-  p.max_len = 10, p.cluster = 9;
-  EXPECT_FALSE(dsa_topk_check(p).ok());
+}
+
+TEST(DsaIndex, CheckRejectsBadShapes) {
+  std::vector<int32_t> table(4, 0);
+  std::vector<float> q(32 * 128), w(32), score(256);
+  DsaIndexParams p;
+  p.cache.d_head = 128, p.cache.page_size = 64, p.cache.max_pages = 4, p.cache.n_pages = 4;
+  p.cache.block_table = table.data(), p.cache.pages = score.data();
+  p.n_head = 32, p.n_q = 1, p.n_past = 255, p.max_ctx = 256, p.q = q.data(), p.w = w.data();
+  p.score = score.data(), p.ld = 256;
+  EXPECT_TRUE(dsa_index_check(p).ok());
+  p.stages = 4;
+  EXPECT_FALSE(dsa_index_check(p).ok());  // 0, 3 or 6 stages
+  p.stages = 6;
+  EXPECT_TRUE(dsa_index_check(p).ok());
+  p.cache.max_pages = (1 << 24) + 1, p.max_ctx = (int64_t(1) << 30) + 1, p.ld = p.max_ctx;
+  p.n_past = p.max_ctx - 1;
+  EXPECT_FALSE(dsa_index_check(p).ok());  // contexts past 2^30
 }
 
 // ---- FP8 vs bf16 index keys on the reference path ----
