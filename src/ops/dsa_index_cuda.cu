@@ -27,6 +27,19 @@ constexpr int kQStride = 128 + 8;  // floats a q row in shared memory (decode; D
 
 enum Mode { kBf16 = 0, kExact = 1, kFp8 = 2 };
 
+// index_kernel's shared memory: the ring of key tiles (rows padded by 16 B: conflict-free ldmatrix / pair
+// loads), then the fp8 scales of each stage, then (decode) the query's NT * 8 q rows of kQStride floats.
+constexpr int row_bytes(int Di, int mode) {
+  return (mode == kFp8 ? Di : 2 * Di) + 16;
+}
+constexpr size_t ring_bytes(int Di, int mode, int stages) {  // = the offset of the q rows
+  return size_t(stages) * kTileKeys * row_bytes(Di, mode) +
+         (mode == kFp8 ? size_t(stages) * kTileKeys * 4 : 0);
+}
+constexpr size_t q_bytes(int NT) {
+  return size_t(NT) * 8 * kQStride * 4;
+}
+
 __host__ __device__ __forceinline__ size_t dsa_key_page_bytes_dev(DsaKeyFormat fmt, int page_size,
                                                                   int d_head) {
   return size_t(page_size) * (fmt == DsaKeyFormat::bf16 ? size_t(d_head) * 2 : size_t(d_head) + 4);
@@ -145,7 +158,7 @@ template <int KS, int NT, int MODE, int kStages>
 __global__ void __launch_bounds__(kThreads) index_kernel(DsaIndexParams p, int qpc, int64_t keys_per_cta) {
   constexpr int Di = KS * 16;
   constexpr bool kF8 = MODE == kFp8;
-  constexpr int kRowBytes = (kF8 ? Di : 2 * Di) + 16;  // padded: conflict-free ldmatrix / pair loads
+  constexpr int kRowBytes = row_bytes(Di, MODE);
   extern __shared__ __align__(16) uint8_t smem[];
   float* sc_smem = reinterpret_cast<float*>(smem + kStages * kTileKeys * kRowBytes);  // fp8: [stage][key]
 
@@ -176,8 +189,7 @@ __global__ void __launch_bounds__(kThreads) index_kernel(DsaIndexParams p, int q
   {
     const float* q = p.q + int64_t(q_ok ? qi : i0) * H * Di;
     const bool staged = qpc == 1;
-    float* q_smem = reinterpret_cast<float*>(smem + kStages * kTileKeys * kRowBytes +
-                                             (kF8 ? kStages * kTileKeys * 4 : 0));
+    float* q_smem = reinterpret_cast<float*>(smem + ring_bytes(Di, MODE, kStages));
     if (staged) {
       constexpr int kVecs = Di / 4;  // float4 a row
       if ((reinterpret_cast<uintptr_t>(q) & 15) == 0) {
@@ -357,14 +369,11 @@ __global__ void key_store_kernel(DsaKeyStoreParams p) {
 template <int KS, int NT, int MODE, int kStages = kStagesDefault>
 void launch(const DsaIndexParams& p, GpuContext& g) {
   constexpr int Di = KS * 16;
-  constexpr int kRowBytes = (MODE == kFp8 ? Di : 2 * Di) + 16;
   const bool decode = p.ctx_len != nullptr;
-  const size_t smem_base =
-      size_t(kStages) * kTileKeys * kRowBytes + (MODE == kFp8 ? kStages * kTileKeys * 4 : 0);
-  const size_t smem = smem_base + (decode ? size_t(NT) * 8 * kQStride * 4 : 0);  // + the staged q rows
+  const size_t smem = ring_bytes(Di, MODE, kStages) + (decode ? q_bytes(NT) : 0);
   auto* kern = index_kernel<KS, NT, MODE, kStages>;
   static std::atomic<bool> sized[64] = {};  // once per device, for the larger (decode) size
-  cuda_ops::smem_opt_in(sized, int(smem_base + size_t(NT) * 8 * kQStride * 4), kern);
+  cuda_ops::smem_opt_in(sized, int(ring_bytes(Di, MODE, kStages) + q_bytes(NT)), kern);
   static std::atomic<int> per_sm[2] = {};  // resident CTAs per SM (this instantiation; prefill, decode)
   if (per_sm[decode].load() == 0) {
     int n = 0;

@@ -13,45 +13,45 @@
 namespace k3 {
 namespace {
 
+// Lane `lane` of the one warp that counts query i's valid selections (sel is -1 padded at the end): writes
+// ctx_len = max(count, 1).
+__device__ __forceinline__ void write_len(const int32_t* sel, int topk, int lane, int32_t* len_i) {
+  int n = 0;
+  for (int k = lane; k < topk; k += 32) n += sel[k] >= 0 ? 1 : 0;
+  for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
+  if (lane == 0) *len_i = max(n, 1);
+}
+
+// The cache row (page * P + slot) of position s of query i.
+__device__ __forceinline__ int64_t cache_row(const MlaSparseParams& p, int i, int32_t s) {
+  const int32_t* bt = p.block_table + (p.shared_table ? 0 : int64_t(i) * p.max_pages);
+  return int64_t(bt[s / p.page_size]) * p.page_size + s % p.page_size;
+}
+
 // grid (topk / 8 row groups, n_q); 8 warps, one row each: 576 bf16 = 72 x 16 bytes. Block 0 of each query
-// also writes its ctx_len (the count of valid selections: sel is -1 padded at the end) and page index.
+// also writes its ctx_len and page index.
 __global__ void gather_kernel(MlaSparseParams p, uint16_t* rows, int32_t* len, int32_t* table) {
   const int i = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int j = int(blockIdx.x) * 8 + warp;
   const int32_t* sel = p.sel + int64_t(i) * p.topk;
   if (blockIdx.x == 0 && threadIdx.x == 0) table[i] = i;
-  if (blockIdx.x == 0 && warp == 0) {
-    int n = 0;
-    for (int k = lane; k < p.topk; k += 32) n += sel[k] >= 0 ? 1 : 0;
-    for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
-    if (lane == 0) len[i] = max(n, 1);
-  }
+  if (blockIdx.x == 0 && warp == 0) write_len(sel, p.topk, lane, len + i);
   if (j >= p.topk) return;
   const int32_t s = sel[j];
   if (s < 0) return;
-  const int32_t* bt = p.block_table + (p.shared_table ? 0 : int64_t(i) * p.max_pages);
-  const int32_t page = bt[s / p.page_size];
-  const uint4* src =
-      reinterpret_cast<const uint4*>(p.cache + (int64_t(page) * p.page_size + s % p.page_size) * kMlaRow);
+  const uint4* src = reinterpret_cast<const uint4*>(p.cache + cache_row(p, i, s) * kMlaRow);
   uint4* dst = reinterpret_cast<uint4*>(rows + (int64_t(i) * p.topk + j) * kMlaRow);
   for (int c = lane; c < kMlaRow * 2 / 16; c += 32) dst[c] = src[c];
 }
 
-// grid (topk / 256 blocks, n_q); thread j: rows[i, j] = the cache row of sel[i, j] (the last valid one past
-// |S_i|: never read, as ctx_len = |S_i|); block 0 also writes ctx_len.
+// grid (topk / 256 blocks, n_q); thread j: rows[i, j] = the cache row of sel[i, j] (past |S_i| position 0's
+// row, never read, as ctx_len = |S_i|); warp 0 of block 0 also writes ctx_len.
 __global__ void row_table_kernel(MlaSparseParams p, int32_t* rows, int32_t* len) {
   const int i = blockIdx.y, j = int(blockIdx.x) * blockDim.x + threadIdx.x;
   const int32_t* sel = p.sel + int64_t(i) * p.topk;
-  if (blockIdx.x == 0 && threadIdx.x < 32) {
-    int n = 0;
-    for (int k = threadIdx.x; k < p.topk; k += 32) n += sel[k] >= 0 ? 1 : 0;
-    for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
-    if (threadIdx.x == 0) len[i] = max(n, 1);
-  }
+  if (blockIdx.x == 0 && threadIdx.x < 32) write_len(sel, p.topk, int(threadIdx.x), len + i);
   if (j >= p.topk) return;
-  const int32_t s = max(sel[j], 0);
-  const int32_t* bt = p.block_table + (p.shared_table ? 0 : int64_t(i) * p.max_pages);
-  rows[int64_t(i) * p.topk + j] = bt[s / p.page_size] * p.page_size + s % p.page_size;
+  rows[int64_t(i) * p.topk + j] = int32_t(cache_row(p, i, max(sel[j], 0)));
 }
 
 }  // namespace
