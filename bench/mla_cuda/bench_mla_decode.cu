@@ -3,17 +3,19 @@
 //   bench_mla_decode [OUT.jsonl] [COMMIT]
 // 1. the two ceilings: copy bandwidth (cudaMemcpy D2D of 2 GiB, GB/s = read + write bytes / time) and the
 //    bf16 GEMM rate (cublasGemmEx 8192^3, bf16 in, fp32 accumulate, median of 10).
-// 2. correctness: the kernels (mma = mla_decode_cuda, the default; wgmma = mla_decode_cuda_wgmma, not yet run
-//    on a GPU; simple = mla_decode_cuda_simple) against the fp64
-//    host reference mla_decode_ref, 96 heads, P = 64, shuffled pages, lens {1, 17, 989, 4097}; then on the
-//    timed shapes, heads {0, 47, 95} of the first and the last sequence against the reference.
+// 2. correctness: the kernels (mma = mla_decode_cuda, the default dispatch; wgmma = mla_decode_cuda_wgmma,
+//    heads as the MMA's M; wgmma_hn = mla_decode_cuda_wgmma_hn, heads as its N; simple =
+//    mla_decode_cuda_simple) against the fp64 host reference mla_decode_ref, 96 heads, P = 64, shuffled
+//    pages, lens {1, 17, 989, 4097}; then on the timed shapes, heads {0, 47, 95} of the first and the last
+//    sequence against the reference.
 // 3. timing: batch 64 x 32K and batch 1 x 4K / 32K / 128K (96 heads, P = 64, pages shuffled): median of 20
 //    calls after 3 warm-ups (CUDA events around each call); GB/s on cache bytes (n_seq * ctx * 576 * 2) and
 //    the ratio to the copy, TFLOP/s (n_seq * ctx * 96 * (576 + 512) * 2) and the ratio to the GEMM rate.
 //    Small caches rotate over several layer pools (>= 256 MiB in all) so L2 (50 MiB) does not hold them.
-// The wgmma kernel is also timed at forced split counts (metric suffix _splitN). mma and wgmma are timed;
-// K3_MLA_BENCH_ALL=1 also times the CUDA-core kernel (checks always run for all three).
-// K3_MLA_BENCH_CHECK_ONLY=1 stops after the first correctness section.
+// The wgmma kernels are also timed at forced split counts (metric suffix _splitN). All but simple are timed;
+// K3_MLA_BENCH_ALL=1 also times the CUDA-core kernel (checks always run for all four).
+// K3_MLA_BENCH_CHECK_ONLY=1 stops after the first correctness section; K3_MLA_BENCH_ONLY=TAG times only the
+// shapes whose tag contains TAG (b64, b1_ctx4k, ...).
 // Every metric is printed and appended as a JSON line (bench, commit, machine, metric, value, unit, peer,
 // peer_value, ratio, goal, met). Build: bash bench/mla_cuda/build.sh.
 #include <cuda_runtime.h>
@@ -23,6 +25,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -170,7 +173,10 @@ int main(int argc, char** argv) {
 
   const bool all = std::getenv("K3_MLA_BENCH_ALL") && std::getenv("K3_MLA_BENCH_ALL")[0] == '1';
   std::vector<std::pair<Kernel, const char*>> kernels = {
-      {mla_decode_cuda, "mma"}, {mla_decode_cuda_wgmma, "wgmma"}, {mla_decode_cuda_simple, "simple"}};
+      {mla_decode_cuda, "mma"},
+      {mla_decode_cuda_wgmma, "wgmma"},
+      {mla_decode_cuda_wgmma_hn, "wgmma_hn"},
+      {mla_decode_cuda_simple, "simple"}};
   {  // correctness, every (seq, head)
     Setup s = make({1, 17, 989, 4097}, 96, 64, 0, 1);
     std::vector<int> heads(96);
@@ -182,7 +188,7 @@ int main(int argc, char** argv) {
     std::printf("%s\n", g_fail ? "CHECKS FAILED" : "all checks OK");
     return g_fail ? 1 : 0;
   }
-  if (!all) kernels.resize(2);
+  if (!all) kernels.resize(3);
   struct Shape {
     int n_seq, ctx;
     const char* tag;
@@ -190,6 +196,8 @@ int main(int argc, char** argv) {
   };
   for (Shape sh : {Shape{64, 32768, "b64_ctx32k", true}, Shape{1, 4096, "b1_ctx4k", false},
                    Shape{1, 32768, "b1_ctx32k", false}, Shape{1, 131072, "b1_ctx128k", false}}) {
+    const char* only = std::getenv("K3_MLA_BENCH_ONLY");
+    if (only && !std::strstr(sh.tag, only)) continue;
     Setup s = make(std::vector<int32_t>(size_t(sh.n_seq), sh.ctx), 96, 64, size_t(256) << 20, 7 + sh.n_seq);
     const double bytes = double(sh.n_seq) * sh.ctx * kMlaRow * 2;
     const double flops = double(sh.n_seq) * sh.ctx * 96 * (kMlaRow + kMlaLatent) * 2;
@@ -201,7 +209,7 @@ int main(int argc, char** argv) {
       emit(tag + "_cache_GBps", bytes / us * 1e-3, "GB/s", "cudaMemcpy D2D GB/s", copy,
            sh.goal ? ">= 0.85 of copy bandwidth on cache bytes" : nullptr, 0.85);
       if (gemm > 0) emit(tag + "_TFLOPs", flops / us * 1e-6, "TFLOP/s", "cublasGemmEx bf16 TFLOP/s", gemm);
-      if (k == mla_decode_cuda_wgmma)  // forced split counts (auto = fewest whole waves of 132 SMs)
+      if (k == mla_decode_cuda_wgmma || k == mla_decode_cuda_wgmma_hn)  // forced split counts (auto = fewest whole waves of 132 SMs)
         for (int ns : sh.n_seq > 1 ? std::vector<int>{1, 3} : std::vector<int>{33, 132}) {
           s.p.n_split = ns;
           const double us_ns = time_us(s, k, g);

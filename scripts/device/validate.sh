@@ -14,7 +14,9 @@
 #      ENVS_CHECK: settings run first with the K3 slice's GPU = CPU checks only;
 #      tests_env: the *Gpu* tests again under each setting of TEST_ENVS; ops: OPS_ENV="K3_X=1 ..." for the
 #      test-ops runs; moe: bench_moe MOE_MODE (decode: checks against fp64, timings of every decode variant; prefill: the
-#      prefill kernels' checks and timings); dsa: bench_dsa (checks, then indexer / top-k / sparse MLA timings);
+#      prefill kernels' checks and timings); dsa: bench_dsa (checks, then indexer / top-k / sparse MLA timings;
+#      DSA_ENVS="K3_X=1 ..." runs it again under each setting); mla_bench: bench_mla_decode (checks against fp64,
+#      then every decode kernel's timings); ncu_mla: Nsight Compute over the heads-as-N MLA decode kernel;
 #   7. ncu_step: Nsight Compute over one eager K3 decode step (bench_slice --profile-step) at B = 1 and 64,
 #      T = 4K: every kernel's time and DRAM bytes, summed by kernel (scripts/device/ncu_step.py).
 # Writes $OUT/validate/run.log, tests.log (the whole k3_tests output) and slice.jsonl.
@@ -31,7 +33,7 @@ if [ "${1:-}" = "--pack" ]; then  # runs HERE
   for f in tests/k3_tests bench_slice test-ops bench/bench_kda bench/bench_moe; do  # bench_moe: moe/build.sh
     cp "$build/$f" /tmp/validate_pack/ && strip -s "/tmp/validate_pack/$(basename "$f")"
   done
-  for f in "$build"/bench/bench_dsa* "$build"/bench/bench_moe_probe*; do  # dsa_cuda/build.sh; MOE_PROBES="1 2 3" moe_cuda/build.sh
+  for f in "$build"/bench/bench_dsa* "$build"/bench/bench_moe_probe* "$build"/bench/bench_mla_decode; do  # dsa_cuda/build.sh; MOE_PROBES="1 2 3" moe_cuda/build.sh; mla_cuda/build.sh
     [ -f "$f" ] && cp "$f" /tmp/validate_pack/ && strip -s "/tmp/validate_pack/$(basename "$f")"
   done
   ldd /tmp/validate_pack/* 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
@@ -54,7 +56,7 @@ trap 'rm -rf "$S"' EXIT
 trap 'rm -rf "$S"; exit 124' TERM INT
 t0=$SECONDS
 el() { echo "t=$((SECONDS - t0)) s"; }
-STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests tests_env kda ops dsa ncu_dsa moe slice31 slice mla fused envcmp ncu_step
+STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests tests_env kda ops dsa ncu_dsa mla_bench ncu_mla moe slice31 slice mla fused envcmp ncu_step
 on() { [[ " $STEPS " == *" $1 "* ]]; }
 {
   echo "commit $(cat "$B/COMMIT" 2>/dev/null), steps: ${STEPS}"
@@ -93,6 +95,17 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
       grep -E '"metric"' "$out/dsa$v.log" |
         sed -E 's/.*"metric": "([^"]*)", "value": ([^,]*),.*"ratio": ([^,]*),.*"met": ([a-z]*).*/\1 \2 ratio=\3 met=\4/'
     done
+    i=0
+    for e in ${DSA_ENVS:-}; do  # bench_dsa again under each setting (a comma joins one run's settings)
+      i=$((i + 1))
+      echo "== bench_dsa, $e ($(el))"
+      env ${e//,/ } timeout "${DSA_BUDGET:-100}" "$B/bench_dsa" "$out/dsa_cuda.jsonl" \
+        "$(cat "$B/COMMIT" 2>/dev/null)+$e" >"$out/dsa_env$i.log" 2>&1
+      echo "rc=$?"
+      grep -E "check|OK|FAIL" "$out/dsa_env$i.log" | cut -c1-160
+      grep -E '"metric"' "$out/dsa_env$i.log" | grep -E 'mla|topk_mla' |
+        sed -E 's/.*"metric": "([^"]*)", "value": ([^,]*),.*"ratio": ([^,]*),.*"met": ([a-z]*).*/\1 \2 ratio=\3 met=\4/'
+    done
   fi
   if on ncu_dsa && command -v ncu >/dev/null; then  # the indexer and top-k kernels (bench_dsa profile)
     echo "== ncu bench_dsa profile ($(el))"
@@ -103,6 +116,26 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
     echo "rc=$?"
     grep -E 'index_kernel|topk_kernel|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|No Eligible' \
       "$out/ncu_dsa.txt" | cut -c1-150 | head -90
+  fi
+  if on mla_bench; then  # bench_mla_decode: its checks against fp64, then every decode kernel's timings
+    echo "== bench_mla_decode ($(el))"
+    timeout "${MLA_BUDGET:-150}" "$B/bench_mla_decode" "$out/mla_cuda.jsonl" "$(cat "$B/COMMIT" 2>/dev/null)" \
+      >"$out/mla.log" 2>&1
+    echo "rc=$?"
+    grep -E "check|OK|FAIL|device" "$out/mla.log" | cut -c1-160
+    grep -E '"metric"' "$out/mla.log" |
+      sed -E 's/.*"metric": "([^"]*)", "value": ([^,]*),.*"ratio": ([^,]*),.*"met": ([a-z]*).*/\1 \2 ratio=\3 met=\4/'
+  fi
+  if on ncu_mla && command -v ncu >/dev/null; then  # the heads-as-N MLA decode kernel at b64 x 32K
+    echo "== ncu bench_mla_decode b64 ($(el))"
+    K3_MLA_BENCH_ONLY=b64 timeout "${NCU_BUDGET:-150}" ncu --kernel-name regex:'mla_split_wgmma_hn' \
+      --launch-skip 5 --launch-count 1 --clock-control none \
+      --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
+      --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+      --print-details all "$B/bench_mla_decode" /dev/null x >"$out/ncu_mla.txt" 2>&1
+    echo "rc=$?"
+    grep -E 'mla_split|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|No Eligible|Tensor|Pipe' \
+      "$out/ncu_mla.txt" | cut -c1-150 | head -60
   fi
   if on moe; then  # bench_moe decode: its checks against fp64 (every variant), then the decode timings
     echo "== bench_moe ${MOE_MODE:-decode} ($(el))"

@@ -64,8 +64,10 @@ void mla_decode_ref(const MlaDecodeParams& p);
 // it fits). Picks the sm_90a warpgroup-MMA kernel when the step reads at least 16K cache rows (n_seq x
 // max_ctx), else the mma.sync one (both checked and timed on the H200); K3_MLA_KERNEL=mma|wgmma forces one.
 void mla_decode_cuda(const MlaDecodeParams& p, GpuContext& g);
-// The sm_90a warpgroup-MMA kernel (64 heads a CTA) explicitly (not with exact_p).
+// The sm_90a warpgroup-MMA kernels explicitly (not with exact_p): heads as the MMA's M (64 heads a CTA, the
+// last group padded) and heads as its N (48 heads a CTA, products transposed).
 void mla_decode_cuda_wgmma(const MlaDecodeParams& p, GpuContext& g);
+void mla_decode_cuda_wgmma_hn(const MlaDecodeParams& p, GpuContext& g);
 // The same contract on plain CUDA cores (no tensor cores): the slower cross-check of mla_decode_cuda.
 void mla_decode_cuda_simple(const MlaDecodeParams& p, GpuContext& g);
 // Workspace for n_split splits (n_split <= 0: the split count mla_decode_cuda would choose).

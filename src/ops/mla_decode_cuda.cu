@@ -2,7 +2,7 @@
 // the split plan, the CUDA-core kernel, the combine kernel and the dispatch.
 //
 // mla_decode_cuda picks the mma.sync kernel (mla_decode_mma_cuda.cu, 32 heads a CTA) for small steps and the
-// Hopper warpgroup-MMA kernel (mla_decode_wgmma_cuda.cu, 64 heads a CTA) for large ones (use_wgmma_kernel);
+// Hopper warpgroup-MMA kernel (mla_decode_wgmma_cuda.cu, 64 heads a CTA) for large ones (pick_kernel);
 // both were checked against the fp64 reference and timed on the H200 (session 4).
 // mla_split_simple: 8 heads per CTA on CUDA cores (warp = head for the scores, thread = 2 dims
 // for o), the slow cross-check.
@@ -184,24 +184,32 @@ void combine(const MlaDecodeParams& p, const Split& s, float* part_o, GpuContext
   K3_CUDA_LAUNCH_CHECK();
 }
 
-// K3_MLA_KERNEL=mma|wgmma forces a kernel (benches, tests). Otherwise the warpgroup kernel runs when a step
-// reads at least kWgMinRows cache rows: measured on the H200 (docs/perf.md, session 4), wgmma is 1.38x
-// faster at b1 x 32K and 2.16x at b64 x 32K, mma.sync 1.24x faster at b1 x 4K (nothing measured between).
+// K3_MLA_KERNEL=mma|wgmma|wgmma_hn forces a kernel (benches, tests). Otherwise a warpgroup kernel runs when
+// a step reads at least kWgMinRows cache rows: measured on the H200 (docs/perf.md, session 4), the heads-as-M
+// wgmma kernel is 1.38x faster at b1 x 32K and 2.16x at b64 x 32K, mma.sync 1.24x faster at b1 x 4K
+// (nothing measured between). The heads-as-N kernel (no padded heads) is opt-in until it is timed.
 constexpr int64_t kWgMinRows = 16384;
 
-bool use_wgmma_kernel(const MlaDecodeParams& p) {
+enum class Kernel { mma, wgmma, wgmma_hn };
+
+Kernel pick_kernel(const MlaDecodeParams& p) {
   static const int forced = [] {
     const std::string e = env_value("K3_MLA_KERNEL");
-    return e == "wgmma" ? 1 : e == "mma" ? 0 : -1;
+    return e == "wgmma_hn" ? 2 : e == "wgmma" ? 1 : e == "mma" ? 0 : -1;
   }();
-  return forced >= 0 ? forced == 1 : int64_t(p.n_seq) * p.max_ctx >= kWgMinRows;
+  if (p.exact_p) return Kernel::mma;  // the wgmma kernels round P to bf16 (mla_decode.h)
+  if (forced >= 0) return Kernel(forced);
+  return int64_t(p.n_seq) * p.max_ctx >= kWgMinRows ? Kernel::wgmma : Kernel::mma;
 }
 
-void run_split(const MlaDecodeParams& p, GpuContext& g, bool wgmma) {
-  const Split s = fit_split(p, g, wgmma ? kWgHeads : kMmaHeads);
+void run_split(const MlaDecodeParams& p, GpuContext& g, Kernel k) {
+  const int heads = k == Kernel::wgmma_hn ? kWgHnHeads : k == Kernel::wgmma ? kWgHeads : kMmaHeads;
+  const Split s = fit_split(p, g, heads);
   float* part_o = static_cast<float*>(g.workspace);
   float* part_ml = part_o + size_t(p.n_seq) * s.n_split * p.n_head * kMlaLatent;
-  if (wgmma)
+  if (k == Kernel::wgmma_hn)
+    launch_split_wgmma_hn(p, s, part_o, part_ml, g.stream);
+  else if (k == Kernel::wgmma)
     launch_split_wgmma(p, s, part_o, part_ml, g.stream);
   else
     launch_split_mma(p, s, part_o, part_ml, g.stream);
@@ -215,17 +223,23 @@ using namespace mla_detail;
 
 size_t mla_decode_workspace_bytes(const MlaDecodeParams& p, int n_split) {
   if (n_split > 0) return partial_bytes(p, n_split);
-  return partial_bytes(p,
-                       std::max(choose_split(p, kMmaHeads, 0).n_split, choose_split(p, kWgHeads, 0).n_split));
+  int most = 0;
+  for (int heads : {kMmaHeads, kWgHeads, kWgHnHeads}) most = std::max(most, choose_split(p, heads, 0).n_split);
+  return partial_bytes(p, most);
 }
 
 void mla_decode_cuda(const MlaDecodeParams& p, GpuContext& g) {
-  run_split(p, g, use_wgmma_kernel(p) && !p.exact_p);  // exact_p: the mma.sync kernel only (mla_decode.h)
+  run_split(p, g, pick_kernel(p));
 }
 
 void mla_decode_cuda_wgmma(const MlaDecodeParams& p, GpuContext& g) {
   K3_ASSERT(!p.exact_p);  // the wgmma kernel rounds P to bf16
-  run_split(p, g, true);
+  run_split(p, g, Kernel::wgmma);
+}
+
+void mla_decode_cuda_wgmma_hn(const MlaDecodeParams& p, GpuContext& g) {
+  K3_ASSERT(!p.exact_p);  // the wgmma kernels round P to bf16
+  run_split(p, g, Kernel::wgmma_hn);
 }
 
 void mla_decode_cuda_simple(const MlaDecodeParams& p, GpuContext& g) {

@@ -33,7 +33,9 @@ void launch_split_mma(const MlaDecodeParams& p, const Split& s, float* part_o, f
                       cudaStream_t st);
 void launch_split_wgmma(const MlaDecodeParams& p, const Split& s, float* part_o, float* part_ml,
                         cudaStream_t st);
-constexpr int kMmaHeads = 32, kWgHeads = 64;
+void launch_split_wgmma_hn(const MlaDecodeParams& p, const Split& s, float* part_o, float* part_ml,
+                           cudaStream_t st);
+constexpr int kMmaHeads = 32, kWgHeads = 64, kWgHnHeads = 48;
 
 __device__ __forceinline__ const uint16_t* row_ptr(const MlaDecodeParams& p, int b, int t) {
   const int page = p.block_table[size_t(b) * p.max_pages + t / p.page_size];

@@ -5,7 +5,8 @@
 // cpu  = attention.h's attention_cpu on each sequence's rows gathered into one fp32 [n_ctx, 576] buffer
 //        (the MQA latent layout: k = the whole row, v = its first 512 values, head strides 0).
 // cuda = mla_decode_cuda (mma.sync; softmax weights in bf16, so a looser bound) for op "mla_decode",
-//        mla_decode_cuda_wgmma (sm_90a warpgroup MMA, not yet run on a GPU) for "mla_decode_wgmma",
+//        mla_decode_cuda_wgmma (sm_90a warpgroup MMA, heads as M) for "mla_decode_wgmma",
+//        mla_decode_cuda_wgmma_hn (sm_90a warpgroup MMA, heads as N) for "mla_decode_wgmma_hn",
 //        mla_decode_cuda_simple (CUDA cores) for "mla_decode_simple".
 // Odd context lengths (1, 17, 989, 4097), several sequences of different lengths in one call, pages
 // shuffled in the pool, unused block-table slots set to -1 (never read), head counts that are not a
@@ -31,7 +32,7 @@ struct MlaState {
   std::vector<uint16_t> cache, q;
 };
 
-enum class Kind { mma, wgmma, simple };
+enum class Kind { mma, wgmma, wgmma_hn, simple };
 
 void add_case(CaseList& cases, Kind kind, int H, int P, std::vector<int32_t> lens, float scale, int n_split) {
   auto st = std::make_shared<MlaState>();
@@ -40,9 +41,10 @@ void add_case(CaseList& cases, Kind kind, int H, int P, std::vector<int32_t> len
   for (size_t i = 0; i < lens.size(); ++i) shape += (i ? "," : "") + std::to_string(lens[i]);
   shape += " scale=" + std::to_string(scale).substr(0, 5) + " splits=" + std::to_string(n_split);
   cases.push_back(std::make_unique<FnCase>(
-      kind == Kind::simple  ? "mla_decode_simple"
-      : kind == Kind::wgmma ? "mla_decode_wgmma"
-                            : "mla_decode",
+      kind == Kind::simple     ? "mla_decode_simple"
+      : kind == Kind::wgmma    ? "mla_decode_wgmma"
+      : kind == Kind::wgmma_hn ? "mla_decode_wgmma_hn"
+                               : "mla_decode",
       shape, kind == Kind::simple ? 1e-9 : 1e-5,
       [st](Rng& rng) {
         const int n_seq = int(st->lens.size());
@@ -109,6 +111,8 @@ void add_case(CaseList& cases, Kind kind, int H, int P, std::vector<int32_t> len
               mla_decode_cuda_simple(p, *ctx.gpu);
             else if (kind == Kind::wgmma)
               mla_decode_cuda_wgmma(p, *ctx.gpu);
+            else if (kind == Kind::wgmma_hn)
+              mla_decode_cuda_wgmma_hn(p, *ctx.gpu);
             else
               mla_decode_cuda(p, *ctx.gpu);
           });
@@ -122,7 +126,7 @@ void add_case(CaseList& cases, Kind kind, int H, int P, std::vector<int32_t> len
 
 K3_OP_CASES(mla_decode_cases) {
   const float s192 = 1.f / std::sqrt(192.f);  // 1 / sqrt(qk_nope + qk_rope)
-  for (Kind kind : {Kind::mma, Kind::wgmma, Kind::simple}) {
+  for (Kind kind : {Kind::mma, Kind::wgmma, Kind::wgmma_hn, Kind::simple}) {
     add_case(cases, kind, 96, 64, {1, 17, 300}, s192, 0);
     add_case(cases, kind, 20, 16, {989, 4097, 64}, s192, 0);
     add_case(cases, kind, 16, 64, {4097}, 0.3f, 3);    // peaky softmax, uneven forced splits
@@ -131,6 +135,9 @@ K3_OP_CASES(mla_decode_cases) {
   }
   add_case(cases, Kind::wgmma, 128, 7, {65, 2000, 129, 3}, s192, 0);  // two full head groups, odd page size
   add_case(cases, Kind::wgmma, 96, 64, {8191}, s192, 2);              // 2 splits of 4096: 64 tiles each
+  add_case(cases, Kind::wgmma_hn, 128, 7, {65, 2000, 129, 3}, s192, 0);  // 48 + 48 + 32 heads, odd pages
+  add_case(cases, Kind::wgmma_hn, 96, 64, {8191}, s192, 2);
+  add_case(cases, Kind::wgmma_hn, 96, 1, {130, 2048}, s192, 0);  // pages of one row (mla_sparse's view)
 }
 
 }  // namespace k3::opt
