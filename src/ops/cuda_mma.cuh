@@ -1,5 +1,5 @@
 // cuda_mma.cuh: internal to src/ops/*_cuda.cu: the sm_80+ PTX wrappers the tensor-core kernels share
-// (shared-memory addresses, 16-byte cp.async, ldmatrix, bf16 m16n8k16 MMA). Not a public header.
+// (shared-memory addresses, 16-byte cp.async, mbarriers, ldmatrix, bf16 m16n8k16 MMA). Not a public header.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,6 +21,24 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// mbarriers (sm_80+): init with an expected arrival count; an arrival that fires when all this thread's prior
+// cp.async copies have landed (.noinc: it counts as one of the expected arrivals); the wait on a phase parity.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait_parity(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
 }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {

@@ -13,14 +13,20 @@
 //             O^T (512 dims x 48 heads) = alpha O^T + V^T (512 x 64) P^T (64 x 48): WG1 dims 0..255, WG2
 //             256..511, 4 x 4 x m64n48k16 a tile (V^T = the tile's first 8 blocks read MN-major), 96 fp32
 //             accumulators a thread.
-// WG0's S of tile i + 1 overlaps WG1/WG2's P V of tile i. Named barriers order the roles:
-//   kFull         tile i (and Q) landed          WG1/WG2 arrive, WG0 waits
-//   kPReady       P(i) and alpha(i) written      WG0 arrives, WG1/WG2 wait
-//   kPFree + buf  P buffer buf read by P V       WG1/WG2 arrive, WG0 waits before writing it again
-//   kRed          WG0's cross-warp column max
-// One phase of each can be outstanding at a time (each role waits on the other before it arrives again),
-// which is what makes one barrier id per role (two for the P buffers) enough.
-// smem: Q 54 KiB + 2 tiles x 72 KiB + 2 P x 6 KiB + alpha and the max exchange = 211 KiB (one CTA per SM).
+// WG0's S of tile i + 1 overlaps WG1/WG2's P V of tile i: the loads do not wait for their copies; an
+// mbarrier per tile buffer completes when they land, and WG0 waits on it. The rest is named barriers:
+//   full[buf]      mbarrier: tile i (and Q) landed   WG1/WG2 copies arrive (cp.async.mbarrier.arrive), WG0 waits
+//   kPReady + buf  P(i) and alpha(i) written         WG0 arrives, WG1/WG2 wait
+//   kPFree + buf   P buffer buf read by P V          WG1/WG2 arrive, WG0 waits before writing it again
+//   kRed           WG0's cross-warp column max
+//   kVFree         WG1 and WG2 both done reading tile i's V (each loads blocks of the tile the other reads)
+// Tile i + 2 is loaded into buffer buf once P V(i) is done (and so, through kPReady, S(i)). A role arrives on
+// a barrier id again only after the other role has waited on its previous phase, which is what makes one id
+// per buffer enough.
+// Rows past the split's end (and heads past n_head) load the last valid row again: their scores are masked
+// to P = 0 and the copies stay all cp.async (no generic-proxy zero stores to order against wgmma).
+// smem: Q 54 KiB + 2 tiles x 72 KiB + 2 P x 6 KiB + alpha, the max exchange, 2 mbarriers = 211 KiB (one CTA
+// per SM).
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -40,11 +46,11 @@ constexpr int kQBlk = kHn * 128;                   // one 48-head x 64-column bl
 constexpr int kQBytes = (kMlaRow / 64) * kQBlk;
 constexpr int kPBytes = kHn * 128;  // P^T: 48 heads x 64 tokens (128 bytes a head)
 constexpr int kThreads = 384;
-constexpr size_t kSmem = 1024 + kQBytes + 2 * size_t(kTileBytes) + 2 * kPBytes + (2 + 2 * 4) * kHn * 4;
+constexpr size_t kSmem = 1024 + kQBytes + 2 * size_t(kTileBytes) + 2 * kPBytes + (2 + 2 * 4) * kHn * 4 + 16;
 static_assert(kSmem <= 227 * 1024, "one CTA per SM");
 static_assert(kQBlk % 1024 == 0 && kPBytes % 1024 == 0, "swizzled blocks are 1024-aligned");
 
-enum Barrier { kFull = 1, kPReady = 2, kPFree = 3 /* + buffer */, kRed = 5 };
+enum Barrier { kPReady = 1 /* + buffer */, kPFree = 3 /* + buffer */, kRed = 5, kVFree = 6 };
 
 __device__ __forceinline__ void bar_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
@@ -54,7 +60,7 @@ __device__ __forceinline__ void bar_arrive(int id, int n) {
 }
 
 // Rows [0, Rows) of 576 bf16 into 9 swizzled blocks of Blk bytes, by the 256 threads of WG1/WG2 (u =
-// 0..255): thread -> row u / 4, chunks u % 4 + 4 i. src(r) = the row's global address, nullptr = zero row.
+// 0..255): thread -> row u / 4, chunks u % 4 + 4 i. src(r) = the row's global address.
 template <int Rows, int Blk, class RowSrc>
 __device__ __forceinline__ void load_rows(uint32_t dst0, int u, RowSrc src) {
   static_assert(Rows <= 64 && kChunks % 4 == 0, "4 threads per row");
@@ -64,11 +70,7 @@ __device__ __forceinline__ void load_rows(uint32_t dst0, int u, RowSrc src) {
 #pragma unroll
   for (int i = 0; i < kChunks / 4; ++i) {
     const int c = u % 4 + 4 * i;
-    const uint32_t dst = dst0 + (c / 8) * Blk + sw128(r, c % 8);
-    if (g)
-      cp_async16(dst, g + c * 8);
-    else
-      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0));
+    cp_async16(dst0 + (c / 8) * Blk + sw128(r, c % 8), g + c * 8);
   }
 }
 
@@ -80,6 +82,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t q_s = base, k_s = q_s + kQBytes, p_s = k_s + 2 * kTileBytes;  // k_s, p_s: 2 buffers each
   float* alpha_s = reinterpret_cast<float*>(smem_raw + (p_s + 2 * kPBytes - raw));  // [2][48]
   float* red_s = alpha_s + 2 * kHn;                                                  // [2][4 warps][48]
+  const uint32_t full = smem_addr(red_s + 2 * 4 * kHn);                              // 2 mbarriers
 
   const int b = blockIdx.z, split = blockIdx.y, h0 = blockIdx.x * kHn;
   const int tid = threadIdx.x, wg = tid / 128, warp = tid % 128 / 32, lane = tid % 32, q4 = lane % 4;
@@ -87,6 +90,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n = p.ctx_len[b], t_begin = split * split_len, t_end = min(n, t_begin + split_len);
   const int n_tiles = t_end > t_begin ? (t_end - t_begin + kTile - 1) / kTile : 0;
   const size_t base_row = (size_t(b) * n_split + split) * p.n_head;
+  if (tid == 0) mbar_init(full, 256), mbar_init(full + 8, 256);
+  __syncthreads();
 
   if (wg == 0) {  // scores and softmax; column (head) c = 8 j + 2 q4 + e of fragment value 4 j + e (+ 2)
     float m[12], l[12];  // per column: running max (log2 units), this thread's rows' share of the sum
@@ -96,7 +101,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int it = 0; it < n_tiles; ++it) {
       const int buf = it & 1, lim = t_end - (t_begin + it * kTile);  // valid tokens < lim (>= 1)
       const uint32_t tile = k_s + buf * kTileBytes;
-      bar_sync(kFull, kThreads);
+      mbar_wait_parity(full + 8 * buf, (it >> 1) & 1);
+      fence_proxy_async();
       float s[24];
 #pragma unroll
       for (int i = 0; i < 24; ++i) s[i] = 0.f;
@@ -161,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           alpha_s[buf * kHn + 8 * j + 2 * q4] = alpha[2 * j],
                                          alpha_s[buf * kHn + 8 * j + 2 * q4 + 1] = alpha[2 * j + 1];
       fence_proxy_async();
-      bar_arrive(kPReady, kThreads);
+      bar_arrive(kPReady + buf, kThreads);
     }
     for (int it = n_tiles - 2; it < n_tiles; ++it)  // the last arrivals on the P buffers
       if (it >= 0) bar_sync(kPFree + (it & 1), kThreads);
@@ -193,14 +199,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   // WG1 / WG2: loads and the output; fragment value 4 j + e of block d: dim 256 dg + 64 d + r0 + 8 (e / 2),
   // head 8 j + 2 q4 + e % 2
   const int u = tid - 128, dg = wg - 1;
-  auto rows_from = [&p, b, t_end](int t0) {
-    return [&p, b, t0, t_end](int r) { return t0 + r < t_end ? row_ptr(p, b, t0 + r) : nullptr; };
+  auto load_tile = [&](int i) {  // tile i into buffer i & 1, then its mbarrier arrival (all 256 threads)
+    const int t0 = t_begin + i * kTile;
+    load_rows<kTile, kBlk>(k_s + (i & 1) * kTileBytes, u,
+                           [&](int r) { return row_ptr(p, b, min(t0 + r, t_end - 1)); });
+    cp_async_mbar_arrive(full + 8 * (i & 1));
   };
-  load_rows<kHn, kQBlk>(q_s, u, [&](int r) {
-    return h0 + r < p.n_head ? p.q + (size_t(b) * p.n_head + h0 + r) * kMlaRow : nullptr;
-  });
-  if (n_tiles > 0) load_rows<kTile, kBlk>(k_s, u, rows_from(t_begin));
-  cp_async_commit();
+  if (n_tiles > 0) {  // Q rides on tile 0's arrival
+    load_rows<kHn, kQBlk>(q_s, u, [&](int r) {
+      return p.q + (size_t(b) * p.n_head + min(h0 + r, p.n_head - 1)) * kMlaRow;
+    });
+    load_tile(0);
+  }
+  if (n_tiles > 1) load_tile(1);
   float o[4][24];
 #pragma unroll
   for (int d = 0; d < 4; ++d)
@@ -209,13 +220,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int it = 0; it < n_tiles; ++it) {
     const int buf = it & 1;
     const uint32_t tile = k_s + buf * kTileBytes, pt = p_s + buf * kPBytes;
-    if (it + 1 < n_tiles)
-      load_rows<kTile, kBlk>(k_s + (buf ^ 1) * kTileBytes, u, rows_from(t_begin + (it + 1) * kTile));
-    cp_async_commit();  // possibly empty: keeps "all but the newest group" = tile it
-    cp_async_wait<1>();
+    bar_sync(kPReady + buf, kThreads);  // P(it) written; WG0 saw tile it land and is done with its S
     fence_proxy_async();
-    bar_arrive(kFull, kThreads);
-    bar_sync(kPReady, kThreads);
 #pragma unroll
     for (int j = 0; j < 6; ++j) {
       const float2 a = *reinterpret_cast<const float2*>(alpha_s + buf * kHn + 8 * j + 2 * q4);
@@ -235,8 +241,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int d = 0; d < 4; ++d) fence_regs(o[d]);
     bar_arrive(kPFree + buf, kThreads);
+    if (it + 2 < n_tiles) {  // into the buffer S(it) and both halves of P V(it) are done with
+      bar_sync(kVFree, 256);
+      load_tile(it + 2);
+    }
   }
-  cp_async_wait<0>();
 #pragma unroll
   for (int j = 0; j < 6; ++j)
 #pragma unroll
