@@ -3,8 +3,9 @@
 //   bench_mla_decode [OUT.jsonl] [COMMIT]
 // 1. the two ceilings: copy bandwidth (cudaMemcpy D2D of 2 GiB, GB/s = read + write bytes / time) and the
 //    bf16 GEMM rate (cublasGemmEx 8192^3, bf16 in, fp32 accumulate, median of 10).
-// 2. correctness: the kernels (mma = mla_decode_cuda, the default dispatch; wgmma = mla_decode_cuda_wgmma,
-//    heads as the MMA's M; wgmma_hn = mla_decode_cuda_wgmma_hn, heads as its N; simple =
+// 2. correctness: the kernels (default = mla_decode_cuda, the default dispatch; mma = mla_decode_cuda_mma,
+//    mma.sync; wgmma = mla_decode_cuda_wgmma, heads as the MMA's M; wgmma_hn = mla_decode_cuda_wgmma_hn, heads
+//    as its N; simple =
 //    mla_decode_cuda_simple) against the fp64 host reference mla_decode_ref, 96 heads, P = 64, shuffled
 //    pages, lens {1, 17, 989, 4097}; then on the timed shapes, heads {0, 47, 95} of the first and the last
 //    sequence against the reference.
@@ -13,9 +14,10 @@
 //    the ratio to the copy, TFLOP/s (n_seq * ctx * 96 * (576 + 512) * 2) and the ratio to the GEMM rate.
 //    Small caches rotate over several layer pools (>= 256 MiB in all) so L2 (50 MiB) does not hold them.
 // The wgmma kernels are also timed at forced split counts (metric suffix _splitN). All but simple are timed;
-// K3_MLA_BENCH_ALL=1 also times the CUDA-core kernel (checks always run for all four).
-// K3_MLA_BENCH_CHECK_ONLY=1 stops after the first correctness section; K3_MLA_BENCH_ONLY=TAG times only the
-// shapes whose tag contains TAG (b64, b1_ctx4k, ...).
+// K3_MLA_BENCH_ALL=1 also times the CUDA-core kernel (checks always run for all five). Before session 15
+// "mma" named the default dispatch (wgmma from 16K rows).
+// K3_MLA_BENCH_CHECK_ONLY=1 stops after the first correctness section; K3_MLA_BENCH_ONLY=TAG[+TAG...] times
+// only the shapes whose tag contains one of the TAGs (b64, b1_ctx4k, ...).
 // Every metric is printed and appended as a JSON line (bench, commit, machine, metric, value, unit, peer,
 // peer_value, ratio, goal, met). Build: bash bench/mla_cuda/build.sh.
 #include <cuda_runtime.h>
@@ -158,6 +160,19 @@ double time_us(Setup& s, Kernel k, GpuContext& g) {
 
 }  // namespace
 
+// K3_MLA_BENCH_ONLY: tag fragments joined by '+'; unset = every shape.
+bool wanted(const char* tag) {
+  const char* only = std::getenv("K3_MLA_BENCH_ONLY");
+  if (!only || !*only) return true;
+  std::string list = only;
+  for (size_t a = 0; a <= list.size();) {
+    const size_t e = std::min(list.find('+', a), list.size());
+    if (e > a && std::strstr(tag, list.substr(a, e - a).c_str())) return true;
+    a = e + 1;
+  }
+  return false;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1) g_out = argv[1];
   if (argc > 2) g_commit = argv[2];
@@ -173,7 +188,8 @@ int main(int argc, char** argv) {
 
   const bool all = std::getenv("K3_MLA_BENCH_ALL") && std::getenv("K3_MLA_BENCH_ALL")[0] == '1';
   std::vector<std::pair<Kernel, const char*>> kernels = {
-      {mla_decode_cuda, "mma"},
+      {mla_decode_cuda, "default"},
+      {mla_decode_cuda_mma, "mma"},
       {mla_decode_cuda_wgmma, "wgmma"},
       {mla_decode_cuda_wgmma_hn, "wgmma_hn"},
       {mla_decode_cuda_simple, "simple"}};
@@ -188,7 +204,7 @@ int main(int argc, char** argv) {
     std::printf("%s\n", g_fail ? "CHECKS FAILED" : "all checks OK");
     return g_fail ? 1 : 0;
   }
-  if (!all) kernels.resize(3);
+  if (!all) kernels.resize(4);
   struct Shape {
     int n_seq, ctx;
     const char* tag;
@@ -196,8 +212,7 @@ int main(int argc, char** argv) {
   };
   for (Shape sh : {Shape{64, 32768, "b64_ctx32k", true}, Shape{1, 4096, "b1_ctx4k", false},
                    Shape{1, 32768, "b1_ctx32k", false}, Shape{1, 131072, "b1_ctx128k", false}}) {
-    const char* only = std::getenv("K3_MLA_BENCH_ONLY");
-    if (only && !std::strstr(sh.tag, only)) continue;
+    if (!wanted(sh.tag)) continue;
     Setup s = make(std::vector<int32_t>(size_t(sh.n_seq), sh.ctx), 96, 64, size_t(256) << 20, 7 + sh.n_seq);
     const double bytes = double(sh.n_seq) * sh.ctx * kMlaRow * 2;
     const double flops = double(sh.n_seq) * sh.ctx * 96 * (kMlaRow + kMlaLatent) * 2;

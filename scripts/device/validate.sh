@@ -16,7 +16,7 @@
 #      test-ops runs; moe: bench_moe MOE_MODE (decode: checks against fp64, timings of every decode variant; prefill: the
 #      prefill kernels' checks and timings); dsa: bench_dsa (checks, then indexer / top-k / sparse MLA timings;
 #      DSA_ENVS="K3_X=1 ..." runs it again under each setting); mla_bench: bench_mla_decode (checks against fp64,
-#      then every decode kernel's timings); ncu_mla: Nsight Compute over the heads-as-N MLA decode kernel;
+#      then every decode kernel's timings; MLA_ENVS="K3_X=1,K3_MLA_BENCH_ONLY=b64 ..." again under each); ncu_mla: Nsight Compute over the heads-as-N MLA decode kernel;
 #   7. ncu_step: Nsight Compute over one eager K3 decode step (bench_slice --profile-step) at B = 1 and 64,
 #      T = 4K: every kernel's time and DRAM bytes, summed by kernel (scripts/device/ncu_step.py).
 # Writes $OUT/validate/run.log, tests.log (the whole k3_tests output) and slice.jsonl.
@@ -125,6 +125,17 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
     grep -E "check|OK|FAIL|device" "$out/mla.log" | cut -c1-160
     grep -E '"metric"' "$out/mla.log" |
       sed -E 's/.*"metric": "([^"]*)", "value": ([^,]*),.*"ratio": ([^,]*),.*"met": ([a-z]*).*/\1 \2 ratio=\3 met=\4/'
+    i=0
+    for e in ${MLA_ENVS:-}; do  # bench_mla_decode again under each setting (a comma joins one run's settings)
+      i=$((i + 1))
+      echo "== bench_mla_decode, $e ($(el))"
+      env ${e//,/ } timeout "${MLA_BUDGET:-150}" "$B/bench_mla_decode" "$out/mla_cuda.jsonl" \
+        "$(cat "$B/COMMIT" 2>/dev/null)+$e" >"$out/mla_env$i.log" 2>&1
+      echo "rc=$?"
+      grep -E "FAIL|all checks" "$out/mla_env$i.log"
+      grep -E '"metric"' "$out/mla_env$i.log" | grep -E '_us"' |
+        sed -E 's/.*"metric": "([^"]*)", "value": ([^,]*),.*/\1 \2/'
+    done
   fi
   if on ncu_mla && command -v ncu >/dev/null; then  # the heads-as-N MLA decode kernel at b64 x 32K
     echo "== ncu bench_mla_decode b64 ($(el))"

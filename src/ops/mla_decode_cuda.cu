@@ -2,8 +2,8 @@
 // the split plan, the CUDA-core kernel, the combine kernel and the dispatch.
 //
 // mla_decode_cuda picks the mma.sync kernel (mla_decode_mma_cuda.cu, 32 heads a CTA) for small steps and the
-// Hopper warpgroup-MMA kernel (mla_decode_wgmma_cuda.cu, 64 heads a CTA) for large ones (pick_kernel);
-// both were checked against the fp64 reference and timed on the H200 (session 4).
+// heads-as-N Hopper warpgroup-MMA kernel (mla_decode_wgmma_hn_cuda.cu, 48 heads a CTA) for large ones
+// (pick_kernel); the heads-as-M one (mla_decode_wgmma_cuda.cu, 64 heads a CTA) stays as a cross-check.
 // mla_split_simple: 8 heads per CTA on CUDA cores (warp = head for the scores, thread = 2 dims
 // for o), the slow cross-check.
 #include <cuda_bf16.h>
@@ -184,10 +184,11 @@ void combine(const MlaDecodeParams& p, const Split& s, float* part_o, GpuContext
   K3_CUDA_LAUNCH_CHECK();
 }
 
-// K3_MLA_KERNEL=mma|wgmma|wgmma_hn forces a kernel (benches, tests). Otherwise a warpgroup kernel runs when
-// a step reads at least kWgMinRows cache rows: measured on the H200 (docs/perf.md, session 4), the heads-as-M
-// wgmma kernel is 1.38x faster at b1 x 32K and 2.16x at b64 x 32K, mma.sync 1.24x faster at b1 x 4K
-// (nothing measured between). The heads-as-N kernel (no padded heads) is opt-in until it is timed.
+// K3_MLA_KERNEL=mma|wgmma|wgmma_hn forces a kernel (benches, tests). Otherwise the heads-as-N warpgroup
+// kernel runs when a step reads at least kWgMinRows cache rows: measured on the H200 (docs/perf.md, session
+// 4), the heads-as-M wgmma kernel is 1.38x faster than mma.sync at b1 x 32K and 2.16x at b64 x 32K, mma.sync
+// 1.24x faster at b1 x 4K (nothing measured between); on an H100 (session 15) heads-as-N is 1.18x faster
+// than heads-as-M at b64 x 32K, 1.05x at b1 x 32K, 1.13x at b1 x 128K.
 constexpr int64_t kWgMinRows = 16384;
 
 enum class Kernel { mma, wgmma, wgmma_hn };
@@ -199,7 +200,7 @@ Kernel pick_kernel(const MlaDecodeParams& p) {
   }();
   if (p.exact_p) return Kernel::mma;  // the wgmma kernels round P to bf16 (mla_decode.h)
   if (forced >= 0) return Kernel(forced);
-  return int64_t(p.n_seq) * p.max_ctx >= kWgMinRows ? Kernel::wgmma : Kernel::mma;
+  return int64_t(p.n_seq) * p.max_ctx >= kWgMinRows ? Kernel::wgmma_hn : Kernel::mma;
 }
 
 void run_split(const MlaDecodeParams& p, GpuContext& g, Kernel k) {
@@ -230,6 +231,10 @@ size_t mla_decode_workspace_bytes(const MlaDecodeParams& p, int n_split) {
 
 void mla_decode_cuda(const MlaDecodeParams& p, GpuContext& g) {
   run_split(p, g, pick_kernel(p));
+}
+
+void mla_decode_cuda_mma(const MlaDecodeParams& p, GpuContext& g) {
+  run_split(p, g, Kernel::mma);
 }
 
 void mla_decode_cuda_wgmma(const MlaDecodeParams& p, GpuContext& g) {

@@ -23,6 +23,8 @@
 // Tile i + 2 is loaded into buffer buf once P V(i) is done (and so, through kPReady, S(i)). A role arrives on
 // a barrier id again only after the other role has waited on its previous phase, which is what makes one id
 // per buffer enough.
+// Loading tile i also asks L2 for tile i + prefetch (0: off): the two shared-memory buffers alone keep about
+// one tile of DRAM reads in flight an SM, less than the latency x bandwidth product at the per-SM share.
 // Rows past the split's end (and heads past n_head) load the last valid row again: their scores are masked
 // to P = 0 and the copies stay all cp.async (no generic-proxy zero stores to order against wgmma).
 // smem: Q 54 KiB + 2 tiles x 72 KiB + 2 P x 6 KiB + alpha, the max exchange, 2 mbarriers = 211 KiB (one CTA
@@ -30,6 +32,8 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "core/env.h"
 #include "ops/cuda_util.cuh"
@@ -49,6 +53,8 @@ constexpr int kThreads = 384;
 constexpr size_t kSmem = 1024 + kQBytes + 2 * size_t(kTileBytes) + 2 * kPBytes + (2 + 2 * 4) * kHn * 4 + 16;
 static_assert(kSmem <= 227 * 1024, "one CTA per SM");
 static_assert(kQBlk % 1024 == 0 && kPBytes % 1024 == 0, "swizzled blocks are 1024-aligned");
+
+constexpr int kHnPrefetch = 4;  // default L2 prefetch distance, tiles
 
 enum Barrier { kPReady = 1 /* + buffer */, kPFree = 3 /* + buffer */, kRed = 5, kVFree = 6 };
 
@@ -76,7 +82,7 @@ __device__ __forceinline__ void load_rows(uint32_t dst0, int u, RowSrc src) {
 
 __global__ void __launch_bounds__(kThreads, 1)
     mla_split_wgmma_hn(MlaDecodeParams p, int n_split, int split_len, float* part_o, float* part_ml,
-                       uint32_t v_lbo, uint32_t v_sbo) {
+                       uint32_t v_lbo, uint32_t v_sbo, int prefetch) {
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_addr(smem_raw), base = (raw + 1023) & ~1023u;
   const uint32_t q_s = base, k_s = q_s + kQBytes, p_s = k_s + 2 * kTileBytes;  // k_s, p_s: 2 buffers each
@@ -199,12 +205,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   // WG1 / WG2: loads and the output; fragment value 4 j + e of block d: dim 256 dg + 64 d + r0 + 8 (e / 2),
   // head 8 j + 2 q4 + e % 2
   const int u = tid - 128, dg = wg - 1;
+  auto prefetch_tile = [&](int i) {  // tile i's rows to L2, one row a thread of u < 64
+    const int t = t_begin + i * kTile + u;
+    if (i < n_tiles && u < kTile && t < t_end) prefetch_l2(row_ptr(p, b, t), kMlaRow * 2);
+  };
   auto load_tile = [&](int i) {  // tile i into buffer i & 1, then its mbarrier arrival (all 256 threads)
     const int t0 = t_begin + i * kTile;
     load_rows<kTile, kBlk>(k_s + (i & 1) * kTileBytes, u,
                            [&](int r) { return row_ptr(p, b, min(t0 + r, t_end - 1)); });
     cp_async_mbar_arrive(full + 8 * (i & 1));
+    if (prefetch > 0) prefetch_tile(i + prefetch);
   };
+  for (int i = 2; i < prefetch; ++i) prefetch_tile(i);  // the tiles no load_tile(i - prefetch) covers
   if (n_tiles > 0) {  // Q rides on tile 0's arrival
     load_rows<kHn, kQBlk>(q_s, u, [&](int r) {
       return p.q + (size_t(b) * p.n_head + min(h0 + r, p.n_head - 1)) * kMlaRow;
@@ -264,14 +276,20 @@ void launch_split_wgmma_hn(const MlaDecodeParams& p, const Split& s, float* part
                            cudaStream_t st) {
   // V^T descriptor: LBO = next 64 dims (one block), SBO = next 8 tokens; K3_MLA_WG_VDESC=1 swaps them, as
   // for the heads-as-M kernel (mla_decode_wgmma_cuda.cu).
+  // K3_MLA_HN_PREFETCH=D: L2 prefetch distance in tiles (0 off, else >= 2).
   static const bool swap = [] {
     K3_CUDA_ASSERT(
         cudaFuncSetAttribute(mla_split_wgmma_hn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     return env_switch("K3_MLA_WG_VDESC", false);
   }();
+  static const int prefetch = [] {
+    const std::string v = env_value("K3_MLA_HN_PREFETCH");
+    const int d = v.empty() ? kHnPrefetch : std::atoi(v.c_str());
+    return d >= 2 && d <= 64 ? d : 0;
+  }();
   const dim3 grid((p.n_head + kHn - 1) / kHn, s.n_split, p.n_seq);
   mla_split_wgmma_hn<<<grid, kThreads, kSmem, st>>>(p, s.n_split, s.split_len, part_o, part_ml,
-                                                    swap ? 1024 : kBlk, swap ? kBlk : 1024);
+                                                    swap ? 1024 : kBlk, swap ? kBlk : 1024, prefetch);
   K3_CUDA_LAUNCH_CHECK();
 }
 

@@ -4,7 +4,8 @@
 // ref  = mla_decode_ref (fp64, reads the pages through the block table).
 // cpu  = attention.h's attention_cpu on each sequence's rows gathered into one fp32 [n_ctx, 576] buffer
 //        (the MQA latent layout: k = the whole row, v = its first 512 values, head strides 0).
-// cuda = mla_decode_cuda (mma.sync; softmax weights in bf16, so a looser bound) for op "mla_decode",
+// cuda = mla_decode_cuda (the default dispatch: every case here reads < 16K cache rows, so the mma.sync
+//        kernel; softmax weights in bf16, so a looser bound) for op "mla_decode",
 //        mla_decode_cuda_wgmma (sm_90a warpgroup MMA, heads as M) for "mla_decode_wgmma",
 //        mla_decode_cuda_wgmma_hn (sm_90a warpgroup MMA, heads as N) for "mla_decode_wgmma_hn",
 //        mla_decode_cuda_simple (CUDA cores) for "mla_decode_simple".
