@@ -1,5 +1,5 @@
 // cuda_mma.cuh: internal to src/ops/*_cuda.cu: the sm_80+ PTX wrappers the tensor-core kernels share
-// (shared-memory addresses, 16-byte cp.async, mbarriers, L2 prefetch, ldmatrix, bf16 m16n8k16 MMA). Not a public header.
+// (shared-memory addresses, 16-byte cp.async, mbarriers, ldmatrix, bf16 m16n8k16 MMA). Not a public header.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,11 +39,6 @@ __device__ __forceinline__ void mbar_wait_parity(uint32_t bar, uint32_t parity) 
         : "=r"(done)
         : "r"(bar), "r"(parity)
         : "memory");
-}
-
-// Ask L2 to fetch [g, g + bytes) (sm_90; g and bytes multiples of 16); no completion to wait for.
-__device__ __forceinline__ void prefetch_l2(const void* g, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(g), "r"(bytes) : "memory");
 }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
