@@ -224,7 +224,8 @@ int main(int argc, char** argv) {
       emit(tag + "_cache_GBps", bytes / us * 1e-3, "GB/s", "cudaMemcpy D2D GB/s", copy,
            sh.goal ? ">= 0.85 of copy bandwidth on cache bytes" : nullptr, 0.85);
       if (gemm > 0) emit(tag + "_TFLOPs", flops / us * 1e-6, "TFLOP/s", "cublasGemmEx bf16 TFLOP/s", gemm);
-      if (k == mla_decode_cuda_wgmma || k == mla_decode_cuda_wgmma_hn)  // forced split counts (auto = fewest whole waves of 132 SMs)
+      // forced split counts (auto = the fewest whole waves of 132 SMs)
+      if (k == mla_decode_cuda_wgmma || k == mla_decode_cuda_wgmma_hn)
         for (int ns : sh.n_seq > 1 ? std::vector<int>{1, 3} : std::vector<int>{33, 132}) {
           s.p.n_split = ns;
           const double us_ns = time_us(s, k, g);

@@ -58,6 +58,22 @@ t0=$SECONDS
 el() { echo "t=$((SECONDS - t0)) s"; }
 STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests tests_env kda ops dsa ncu_dsa mla_bench ncu_mla moe slice31 slice mla fused envcmp ncu_step
 on() { [[ " $STEPS " == *" $1 "* ]]; }
+# bench_envs NAME BIN BUDGET SETTINGS CHECKS METRICS: $B/BIN again under each of SETTINGS (a comma joins one
+# run's settings), appending to $out/NAME_cuda.jsonl (commit tagged +setting), each log $out/NAME_envI.log;
+# prints its lines matching CHECKS and its metrics matching METRICS.
+bench_envs() {
+  local name=$1 bin=$2 budget=$3 settings=$4 checks=$5 metrics=$6 i=0 e
+  for e in $settings; do
+    i=$((i + 1))
+    echo "== $bin, $e ($(el))"
+    env ${e//,/ } timeout "$budget" "$B/$bin" "$out/${name}_cuda.jsonl" "$(cat "$B/COMMIT" 2>/dev/null)+$e" \
+      >"$out/${name}_env$i.log" 2>&1
+    echo "rc=$?"
+    grep -E "$checks" "$out/${name}_env$i.log" | cut -c1-160
+    grep -E '"metric"' "$out/${name}_env$i.log" | grep -E "$metrics" |
+      sed -E 's/.*"metric": "([^"]*)", "value": ([^,]*),.*"ratio": ([^,]*),.*"met": ([a-z]*).*/\1 \2 ratio=\3 met=\4/'
+  done
+}
 {
   echo "commit $(cat "$B/COMMIT" 2>/dev/null), steps: ${STEPS}"
   if on tests; then
@@ -95,17 +111,7 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
       grep -E '"metric"' "$out/dsa$v.log" |
         sed -E 's/.*"metric": "([^"]*)", "value": ([^,]*),.*"ratio": ([^,]*),.*"met": ([a-z]*).*/\1 \2 ratio=\3 met=\4/'
     done
-    i=0
-    for e in ${DSA_ENVS:-}; do  # bench_dsa again under each setting (a comma joins one run's settings)
-      i=$((i + 1))
-      echo "== bench_dsa, $e ($(el))"
-      env ${e//,/ } timeout "${DSA_BUDGET:-100}" "$B/bench_dsa" "$out/dsa_cuda.jsonl" \
-        "$(cat "$B/COMMIT" 2>/dev/null)+$e" >"$out/dsa_env$i.log" 2>&1
-      echo "rc=$?"
-      grep -E "check|OK|FAIL" "$out/dsa_env$i.log" | cut -c1-160
-      grep -E '"metric"' "$out/dsa_env$i.log" | grep -E 'mla|topk_mla' |
-        sed -E 's/.*"metric": "([^"]*)", "value": ([^,]*),.*"ratio": ([^,]*),.*"met": ([a-z]*).*/\1 \2 ratio=\3 met=\4/'
-    done
+    bench_envs dsa bench_dsa "${DSA_BUDGET:-100}" "${DSA_ENVS:-}" "check|OK|FAIL" 'mla|topk_mla'
   fi
   if on ncu_dsa && command -v ncu >/dev/null; then  # the indexer and top-k kernels (bench_dsa profile)
     echo "== ncu bench_dsa profile ($(el))"
@@ -125,17 +131,7 @@ on() { [[ " $STEPS " == *" $1 "* ]]; }
     grep -E "check|OK|FAIL|device" "$out/mla.log" | cut -c1-160
     grep -E '"metric"' "$out/mla.log" |
       sed -E 's/.*"metric": "([^"]*)", "value": ([^,]*),.*"ratio": ([^,]*),.*"met": ([a-z]*).*/\1 \2 ratio=\3 met=\4/'
-    i=0
-    for e in ${MLA_ENVS:-}; do  # bench_mla_decode again under each setting (a comma joins one run's settings)
-      i=$((i + 1))
-      echo "== bench_mla_decode, $e ($(el))"
-      env ${e//,/ } timeout "${MLA_BUDGET:-150}" "$B/bench_mla_decode" "$out/mla_cuda.jsonl" \
-        "$(cat "$B/COMMIT" 2>/dev/null)+$e" >"$out/mla_env$i.log" 2>&1
-      echo "rc=$?"
-      grep -E "FAIL|all checks" "$out/mla_env$i.log"
-      grep -E '"metric"' "$out/mla_env$i.log" | grep -E '_us"' |
-        sed -E 's/.*"metric": "([^"]*)", "value": ([^,]*),.*/\1 \2/'
-    done
+    bench_envs mla bench_mla_decode "${MLA_BUDGET:-150}" "${MLA_ENVS:-}" "FAIL|all checks" '_us"'
   fi
   if on ncu_mla && command -v ncu >/dev/null; then  # the heads-as-N MLA decode kernel at b64 x 32K
     echo "== ncu bench_mla_decode b64 ($(el))"

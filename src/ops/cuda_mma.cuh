@@ -23,8 +23,9 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// mbarriers (sm_80+): init with an expected arrival count; an arrival that fires when all this thread's prior
-// cp.async copies have landed (.noinc: it counts as one of the expected arrivals); the wait on a phase parity.
+// mbarriers (sm_80+): init with an expected arrival count; an arrival that fires when all this thread's
+// prior cp.async copies have landed (.noinc: it counts as one of the expected arrivals); the wait on a phase
+// parity.
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
@@ -35,7 +36,8 @@ __device__ __forceinline__ void mbar_wait_parity(uint32_t bar, uint32_t parity) 
   uint32_t done = 0;
   while (!done)
     asm volatile(
-        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
         : "=r"(done)
         : "r"(bar), "r"(parity)
         : "memory");

@@ -24,6 +24,7 @@
 #include <atomic>
 
 #include "core/cuda_check.h"
+#include "ops/cuda_mma.cuh"
 #include "ops/kda_fast.h"
 #include "ops/kda_fast_decode_io.cuh"
 
@@ -215,22 +216,6 @@ __device__ inline float4 delta(const Smem& sm, float beta, int lane) {
 }
 
 #if KDA_DECODE_TMA
-__device__ inline uint32_t smem_addr(const void* p) {
-  return uint32_t(__cvta_generic_to_shared(p));
-}
-
-// Waits until the mbarrier at `bar` has completed the phase of parity `parity`.
-__device__ inline void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, "
-        "p;\n\t}"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-}
-
 // The update of the state Ss [DK][DV / 4] in shared memory, in place:
 //   pass 1: u = beta (v - (diag(alpha) S)^T k);
 //   pass 2: S <- diag(alpha) S + k u^T, the o partials into sm.red[1].
@@ -282,7 +267,7 @@ __global__ void __launch_bounds__(NT, KDA_DECODE_CTAS) kda_decode_kernel(const K
   }
   const float2 go = prologue(p, sm, h, b, conv_of(p, b));  // (its barriers publish the mbarrier init)
   const float sq = sm.scal[0], sk = sm.scal[1], beta = sm.scal[2];
-  mbar_wait(bar, 0);
+  mbar_wait_parity(bar, 0);
   update_state(sm, Ss, sq, sk, beta);
   if (tid == 0) {
     asm volatile(
@@ -354,7 +339,7 @@ __global__ void __launch_bounds__(NT, 1) kda_decode_ring_kernel(const KdaDecodeP
     const float2 go = prologue_from(p, sm, h, b, conv_of(p, b), in);
     const float sq = sm.scal[0], sk = sm.scal[1], beta = sm.scal[2];
     const uint32_t bar = smem_addr(&bars[k % kRing]), parity = uint32_t(k / kRing) & 1u;
-    mbar_wait(bar, parity);
+    mbar_wait_parity(bar, parity);
     update_state(sm, Ss, sq, sk, beta);
     if (tid == 0)
       asm volatile(

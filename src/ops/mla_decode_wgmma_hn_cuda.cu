@@ -16,10 +16,10 @@
 //             accumulators a thread.
 // WG0's S of tile i + 1 overlaps WG1/WG2's P V of tile i: the loads do not wait for their copies; an
 // mbarrier per tile buffer completes when they land, and WG0 waits on it. The rest is named barriers:
-//   full[buf]      mbarrier: tile i (and Q) landed   WG1/WG2 copies arrive (cp.async.mbarrier.arrive), WG0 waits
+//   full[buf]      mbarrier: tile i (and Q) landed   WG1/WG2's copies arrive (cp.async), WG0 waits
 //   kPReady + buf  P(i) and alpha(i) written         WG0 arrives, WG1/WG2 wait
 //   kPFree + buf   P buffer buf read by P V          WG1/WG2 arrive, WG0 waits before writing it again
-//   kRed           WG0's cross-warp column max
+//   kRed           WG0's lazy-rescale vote and cross-warp column max
 //   kVFree         WG1 and WG2 both done reading tile i's V (each loads blocks of the tile the other reads)
 // Tile i + 2 is loaded into buffer buf once P V(i) is done (and so, through kPReady, S(i)). A role arrives on
 // a barrier id again only after the other role has waited on its previous phase, which is what makes one id
@@ -29,8 +29,8 @@
 // 3 skips the softmax (loads, MMAs and barriers).
 // Rows past the split's end (and heads past n_head) load the last valid row again: their scores are masked
 // to P = 0 and the copies stay all cp.async (no generic-proxy zero stores to order against wgmma).
-// smem: Q 54 KiB + 2 tiles x 72 KiB + 2 P x 6 KiB + alpha, the max exchange, 2 mbarriers = 211 KiB (one CTA
-// per SM).
+// smem: Q 54 KiB + 2 tiles x 72 KiB + 2 P x 6 KiB + alpha, the max exchange, 2 mbarriers, 2 rescale flags =
+// 211 KiB (one CTA per SM).
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -52,7 +52,8 @@ constexpr int kQBlk = kHn * 128;                   // one 48-head x 64-column bl
 constexpr int kQBytes = (kMlaRow / 64) * kQBlk;
 constexpr int kPBytes = kHn * 128;  // P^T: 48 heads x 64 tokens (128 bytes a head)
 constexpr int kThreads = 384;
-constexpr size_t kSmem = 1024 + kQBytes + 2 * size_t(kTileBytes) + 2 * kPBytes + (2 + 2 * 4) * kHn * 4 + 16 + 8;
+constexpr size_t kSmem =
+    1024 + kQBytes + 2 * size_t(kTileBytes) + 2 * kPBytes + (2 + 2 * 4) * kHn * 4 + 16 /* mbarriers */ + 8;
 static_assert(kSmem <= 227 * 1024, "one CTA per SM");
 static_assert(kQBlk % 1024 == 0 && kPBytes % 1024 == 0, "swizzled blocks are 1024-aligned");
 
@@ -70,7 +71,8 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {  // K3_MLA_HN_PROBE=
 __device__ __forceinline__ bool bar_or(int id, int n, bool pred) {
   uint32_t r;
   asm volatile(
-      "{\n\t.reg .pred p, q;\n\tsetp.ne.u32 p, %1, 0;\n\tbar.red.or.pred q, %2, %3, p;\n\tselp.u32 %0, 1, 0, q;\n\t}"
+      "{\n\t.reg .pred p, q;\n\tsetp.ne.u32 p, %1, 0;\n\t"
+      "bar.red.or.pred q, %2, %3, p;\n\tselp.u32 %0, 1, 0, q;\n\t}"
       : "=r"(r)
       : "r"(uint32_t(pred)), "r"(id), "r"(n)
       : "memory");
@@ -172,7 +174,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (lane < 4)
 #pragma unroll
           for (int j = 0; j < 6; ++j)
-            red[warp * kHn + 8 * j + 2 * q4] = cm[2 * j], red[warp * kHn + 8 * j + 2 * q4 + 1] = cm[2 * j + 1];
+            red[warp * kHn + 8 * j + 2 * q4] = cm[2 * j],
+                                         red[warp * kHn + 8 * j + 2 * q4 + 1] = cm[2 * j + 1];
         bar_sync(kRed, 128);
 #pragma unroll
         for (int j = 0; j < 6; ++j)
