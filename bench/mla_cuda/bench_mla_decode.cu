@@ -4,11 +4,10 @@
 // 1. the two ceilings: copy bandwidth (cudaMemcpy D2D of 2 GiB, GB/s = read + write bytes / time) and the
 //    bf16 GEMM rate (cublasGemmEx 8192^3, bf16 in, fp32 accumulate, median of 10).
 // 2. correctness: the kernels (default = mla_decode_cuda, the default dispatch; mma = mla_decode_cuda_mma,
-//    mma.sync; wgmma = mla_decode_cuda_wgmma, heads as the MMA's M; wgmma_hn = mla_decode_cuda_wgmma_hn, heads
-//    as its N; simple =
-//    mla_decode_cuda_simple) against the fp64 host reference mla_decode_ref, 96 heads, P = 64, shuffled
-//    pages, lens {1, 17, 989, 4097}; then on the timed shapes, heads {0, 47, 95} of the first and the last
-//    sequence against the reference.
+//    mma.sync; wgmma = mla_decode_cuda_wgmma, heads as the MMA's M; wgmma_hn = mla_decode_cuda_wgmma_hn,
+//    heads as its N; simple = mla_decode_cuda_simple) against the fp64 host reference mla_decode_ref, 96
+//    heads, P = 64, shuffled pages, lens {1, 17, 989, 4097}; then on the timed shapes, heads {0, 47, 95} of
+//    the first and the last sequence against the reference.
 // 3. timing: batch 64 x 32K and batch 1 x 4K / 32K / 128K (96 heads, P = 64, pages shuffled): median of 20
 //    calls after 3 warm-ups (CUDA events around each call); GB/s on cache bytes (n_seq * ctx * 576 * 2) and
 //    the ratio to the copy, TFLOP/s (n_seq * ctx * 96 * (576 + 512) * 2) and the ratio to the GEMM rate.

@@ -62,8 +62,8 @@ void mla_decode_ref(const MlaDecodeParams& p);
 // CUDA (device pointers, asynchronous on g.stream; graph-capture safe: no allocation, no sync). Needs
 // mla_decode_workspace_bytes(p) bytes of g.workspace for the per-split partials (n_split is reduced until
 // it fits). Picks the sm_90a heads-as-N warpgroup-MMA kernel when the step reads at least 16K cache rows
-// (n_seq x max_ctx), else the mma.sync one (docs/perf.md, sessions 4 and 15); K3_MLA_KERNEL=mma|wgmma|
-// wgmma_hn forces one.
+// (n_seq x max_ctx), else the mma.sync one (docs/perf.md, sessions 4 and 15);
+// K3_MLA_KERNEL=mma|wgmma|wgmma_hn forces one.
 void mla_decode_cuda(const MlaDecodeParams& p, GpuContext& g);
 // The mma.sync kernel explicitly (32 heads a CTA; the only one with exact_p).
 void mla_decode_cuda_mma(const MlaDecodeParams& p, GpuContext& g);

@@ -187,8 +187,8 @@ void combine(const MlaDecodeParams& p, const Split& s, float* part_o, GpuContext
 // K3_MLA_KERNEL=mma|wgmma|wgmma_hn forces a kernel (benches, tests). Otherwise the heads-as-N warpgroup
 // kernel runs when a step reads at least kWgMinRows cache rows: measured on the H200 (docs/perf.md, session
 // 4), the heads-as-M wgmma kernel is 1.38x faster than mma.sync at b1 x 32K and 2.16x at b64 x 32K, mma.sync
-// 1.24x faster at b1 x 4K (nothing measured between); on an H100 (session 15) heads-as-N is 1.18x faster
-// than heads-as-M at b64 x 32K, 1.05x at b1 x 32K, 1.13x at b1 x 128K.
+// 1.24x faster at b1 x 4K (nothing measured between); on an H100 (session 15, call 4) heads-as-N is 1.24x
+// faster than heads-as-M at b64 x 32K, 1.05x at b1 x 32K, 1.19x at b1 x 128K, and equal at b1 x 4K.
 constexpr int64_t kWgMinRows = 16384;
 
 enum class Kernel { mma, wgmma, wgmma_hn };
