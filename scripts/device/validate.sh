@@ -16,7 +16,8 @@
 #      test-ops runs; moe: bench_moe MOE_MODE (decode: checks against fp64, timings of every decode variant; prefill: the
 #      prefill kernels' checks and timings); dsa: bench_dsa (checks, then indexer / top-k / sparse MLA timings;
 #      DSA_ENVS="K3_X=1 ..." runs it again under each setting); mla_bench: bench_mla_decode (checks against fp64,
-#      then every decode kernel's timings; MLA_ENVS="K3_X=1,K3_MLA_BENCH_ONLY=b64 ..." again under each);
+#      then every decode kernel's timings; MLA_ENVS="K3_X=1,K3_MLA_BENCH_ONLY=b64 ..." again under each; then
+#      the probe builds bench_mla_decode_probeN packed from MLA_PROBES="1 2 3" bench/mla_cuda/build.sh);
 #      ncu_mla: Nsight Compute over the heads-as-N MLA decode kernel;
 #   7. ncu_step: Nsight Compute over one eager K3 decode step (bench_slice --profile-step) at B = 1 and 64,
 #      T = 4K: every kernel's time and DRAM bytes, summed by kernel (scripts/device/ncu_step.py).
@@ -34,7 +35,7 @@ if [ "${1:-}" = "--pack" ]; then  # runs HERE
   for f in tests/k3_tests bench_slice test-ops bench/bench_kda bench/bench_moe; do  # bench_moe: moe/build.sh
     cp "$build/$f" /tmp/validate_pack/ && strip -s "/tmp/validate_pack/$(basename "$f")"
   done
-  for f in "$build"/bench/bench_dsa* "$build"/bench/bench_moe_probe* "$build"/bench/bench_mla_decode; do  # dsa_cuda/build.sh; MOE_PROBES="1 2 3" moe_cuda/build.sh; mla_cuda/build.sh
+  for f in "$build"/bench/bench_dsa* "$build"/bench/bench_moe_probe* "$build"/bench/bench_mla_decode*; do  # dsa_cuda/build.sh; MOE_PROBES="1 2 3" moe_cuda/build.sh; mla_cuda/build.sh
     [ -f "$f" ] && cp "$f" /tmp/validate_pack/ && strip -s "/tmp/validate_pack/$(basename "$f")"
   done
   ldd /tmp/validate_pack/* 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
@@ -133,6 +134,13 @@ bench_envs() {
     grep -E '"metric"' "$out/mla.log" |
       sed -E 's/.*"metric": "([^"]*)", "value": ([^,]*),.*"ratio": ([^,]*),.*"met": ([a-z]*).*/\1 \2 ratio=\3 met=\4/'
     bench_envs mla bench_mla_decode "${MLA_BUDGET:-150}" "${MLA_ENVS:-}" "FAIL|all checks" '_us"'
+    for f in "$B"/bench_mla_decode_probe*; do  # MLA_PROBES builds (results wrong by design): b64 x 32K only
+      [ -x "$f" ] || continue
+      echo "== $(basename "$f"), b64 ($(el))"
+      K3_MLA_BENCH_ONLY=b64 timeout "${MLA_BUDGET:-150}" "$f" "$out/mla_cuda.jsonl" \
+        "$(cat "$B/COMMIT" 2>/dev/null)+$(basename "$f")" 2>&1 | grep -E '"metric"' | grep -E '_us"' |
+        sed -E 's/.*"metric": "([^"]*)", "value": ([^,]*),.*/\1 \2/'
+    done
   fi
   if on ncu_mla && command -v ncu >/dev/null; then  # the heads-as-N MLA decode kernel at b64 x 32K
     echo "== ncu bench_mla_decode b64 ($(el))"

@@ -24,9 +24,9 @@
 // Tile i + 2 is loaded into buffer buf once P V(i) is done (and so, through kPReady, S(i)). A role arrives on
 // a barrier id again only after the other role has waited on its previous phase, which is what makes one id
 // per buffer enough.
-// K3_MLA_HN_PROBE=1 / 2 / 3 (timing probes; the results are wrong): 1 loads only tiles 0 and 1 (later tiles
-// reuse them: the MMA, softmax and barrier chain alone), 2 skips the MMAs (loads, softmax and barriers),
-// 3 skips the softmax (loads, MMAs and barriers).
+// -DMLA_HN_PROBE=1 / 2 / 3 (timing-probe builds; the results are wrong): 1 loads only tiles 0 and 1 (later
+// tiles reuse them: the MMA, softmax and barrier chain alone), 2 skips the MMAs (loads, softmax and
+// barriers), 3 skips the softmax (loads, MMAs and barriers).
 // Rows past the split's end (and heads past n_head) load the last valid row again: their scores are masked
 // to P = 0 and the copies stay all cp.async (no generic-proxy zero stores to order against wgmma).
 // smem: Q 54 KiB + 2 tiles x 72 KiB + 2 P x 6 KiB + alpha, the max exchange, 2 mbarriers, 2 rescale flags =
@@ -34,7 +34,6 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
 #include "core/env.h"
@@ -62,9 +61,14 @@ static_assert(kQBlk % 1024 == 0 && kPBytes % 1024 == 0, "swizzled blocks are 102
 // bf16 P keeps its relative precision above 1. Most tiles then skip the cross-warp max and the O rescale.
 constexpr float kLazy = 8.f;
 
+#ifndef MLA_HN_PROBE
+#define MLA_HN_PROBE 0
+#endif
+constexpr int kProbe = MLA_HN_PROBE;  // 0 in every build but bench/mla_cuda/build.sh's probe binaries
+
 enum Barrier { kPReady = 1 /* + buffer */, kPFree = 3 /* + buffer */, kRed = 5, kVFree = 6 };
 
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {  // K3_MLA_HN_PROBE=1 only
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {  // MLA_HN_PROBE=1 only
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 // bar.red.or over n threads of barrier id: true on every thread when pred is true on any.
@@ -102,14 +106,14 @@ __device__ __forceinline__ void load_rows(uint32_t dst0, int u, RowSrc src) {
 
 __global__ void __launch_bounds__(kThreads, 1)
     mla_split_wgmma_hn(MlaDecodeParams p, int n_split, int split_len, float* part_o, float* part_ml,
-                       uint32_t v_lbo, uint32_t v_sbo, int probe, bool lazy) {
+                       uint32_t v_lbo, uint32_t v_sbo, bool lazy) {
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_addr(smem_raw), base = (raw + 1023) & ~1023u;
   const uint32_t q_s = base, k_s = q_s + kQBytes, p_s = k_s + 2 * kTileBytes;  // k_s, p_s: 2 buffers each
   float* alpha_s = reinterpret_cast<float*>(smem_raw + (p_s + 2 * kPBytes - raw));  // [2][48]
-  float* red_s = alpha_s + 2 * kHn;                                                  // [2][4 warps][48]
-  const uint32_t full = smem_addr(red_s + 2 * 4 * kHn);                              // 2 mbarriers
-  int* rescaled_s = reinterpret_cast<int*>(red_s + 2 * 4 * kHn + 4);                 // [2]: alpha_s[buf] != 1
+  float* red_s = alpha_s + 2 * kHn;                                                 // [2][4 warps][48]
+  const uint32_t full = smem_addr(red_s + 2 * 4 * kHn);                             // 2 mbarriers
+  int* rescaled_s = reinterpret_cast<int*>(red_s + 2 * 4 * kHn + 4);                // [2]: alpha_s[buf] != 1
 
   const int b = blockIdx.z, split = blockIdx.y, h0 = blockIdx.x * kHn;
   const int tid = threadIdx.x, wg = tid / 128, warp = tid % 128 / 32, lane = tid % 32, q4 = lane % 4;
@@ -133,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       float s[24];
 #pragma unroll
       for (int i = 0; i < 24; ++i) s[i] = 0.f;
-      if (probe != 2) {
+      if constexpr (kProbe != 2) {
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kMlaRow / 16; ++kk) {
@@ -145,7 +149,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait0();
         fence_regs(s);
       }
-      if (probe == 3) {  // no softmax: P and alpha stay as they are
+      if constexpr (kProbe == 3) {  // no softmax: P and alpha stay as they are
         if (it >= 2) bar_sync(kPFree + buf, kThreads);
         bar_arrive(kPReady + buf, kThreads);
         continue;
@@ -209,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int j = 0; j < 6; ++j)
           alpha_s[buf * kHn + 8 * j + 2 * q4] = alpha[2 * j],
-                                         alpha_s[buf * kHn + 8 * j + 2 * q4 + 1] = alpha[2 * j + 1];
+                                          alpha_s[buf * kHn + 8 * j + 2 * q4 + 1] = alpha[2 * j + 1];
       if (tid == 0) rescaled_s[buf] = rescale;
       fence_proxy_async();
       bar_arrive(kPReady + buf, kThreads);
@@ -251,9 +255,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     cp_async_mbar_arrive(full + 8 * (i & 1));
   };
   if (n_tiles > 0) {  // Q rides on tile 0's arrival
-    load_rows<kHn, kQBlk>(q_s, u, [&](int r) {
-      return p.q + (size_t(b) * p.n_head + min(h0 + r, p.n_head - 1)) * kMlaRow;
-    });
+    load_rows<kHn, kQBlk>(
+        q_s, u, [&](int r) { return p.q + (size_t(b) * p.n_head + min(h0 + r, p.n_head - 1)) * kMlaRow; });
     load_tile(0);
   }
   if (n_tiles > 1) load_tile(1);
@@ -269,13 +272,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_proxy_async();
     if (rescaled_s[buf])
 #pragma unroll
-    for (int j = 0; j < 6; ++j) {
-      const float2 a = *reinterpret_cast<const float2*>(alpha_s + buf * kHn + 8 * j + 2 * q4);
+      for (int j = 0; j < 6; ++j) {
+        const float2 a = *reinterpret_cast<const float2*>(alpha_s + buf * kHn + 8 * j + 2 * q4);
 #pragma unroll
-      for (int d = 0; d < 4; ++d)
-        o[d][4 * j] *= a.x, o[d][4 * j + 1] *= a.y, o[d][4 * j + 2] *= a.x, o[d][4 * j + 3] *= a.y;
-    }
-    if (probe != 2) {
+        for (int d = 0; d < 4; ++d)
+          o[d][4 * j] *= a.x, o[d][4 * j + 1] *= a.y, o[d][4 * j + 2] *= a.x, o[d][4 * j + 3] *= a.y;
+      }
+    if constexpr (kProbe != 2) {
       wgmma_fence();
 #pragma unroll
       for (int d = 0; d < 4; ++d)
@@ -291,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     bar_arrive(kPFree + buf, kThreads);
     if (it + 2 < n_tiles) {  // into the buffer S(it) and both halves of P V(it) are done with
       bar_sync(kVFree, 256);
-      if (probe == 1)
+      if constexpr (kProbe == 1)
         mbar_arrive(full + 8 * (it & 1));
       else
         load_tile(it + 2);
@@ -320,11 +323,10 @@ void launch_split_wgmma_hn(const MlaDecodeParams& p, const Split& s, float* part
         cudaFuncSetAttribute(mla_split_wgmma_hn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     return env_switch("K3_MLA_WG_VDESC", false);
   }();
-  static const int probe = std::atoi(env_value("K3_MLA_HN_PROBE").c_str());
   static const bool lazy = env_switch("K3_MLA_HN_LAZY", true);
   const dim3 grid((p.n_head + kHn - 1) / kHn, s.n_split, p.n_seq);
   mla_split_wgmma_hn<<<grid, kThreads, kSmem, st>>>(p, s.n_split, s.split_len, part_o, part_ml,
-                                                    swap ? 1024 : kBlk, swap ? kBlk : 1024, probe, lazy);
+                                                    swap ? 1024 : kBlk, swap ? kBlk : 1024, lazy);
   K3_CUDA_LAUNCH_CHECK();
 }
 
