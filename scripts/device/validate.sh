@@ -35,7 +35,7 @@ if [ "${1:-}" = "--pack" ]; then  # runs HERE
   for f in tests/k3_tests bench_slice test-ops bench/bench_kda bench/bench_moe; do  # bench_moe: moe/build.sh
     cp "$build/$f" /tmp/validate_pack/ && strip -s "/tmp/validate_pack/$(basename "$f")"
   done
-  for f in "$build"/bench/bench_dsa* "$build"/bench/bench_moe_probe* "$build"/bench/bench_mla_decode*; do  # dsa_cuda/build.sh; MOE_PROBES="1 2 3" moe_cuda/build.sh; mla_cuda/build.sh
+  for f in "$build"/bench/bench_dsa* "$build"/bench/bench_kda_* "$build"/bench/bench_moe_probe* "$build"/bench/bench_mla_decode*; do  # dsa_cuda/build.sh; MOE_PROBES="1 2 3" moe_cuda/build.sh; mla_cuda/build.sh
     [ -f "$f" ] && cp "$f" /tmp/validate_pack/ && strip -s "/tmp/validate_pack/$(basename "$f")"
   done
   ldd /tmp/validate_pack/* 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
@@ -95,6 +95,11 @@ bench_envs() {
   if on kda; then
     echo "== bench_kda quick, defaults ($(el))"
     timeout 25 "$B/bench_kda" /dev/null quick 2>&1 | grep -v conv_mismatch
+    for f in "$B"/bench_kda_*; do  # build variants (KDA_FLAGS / KDA_NAME in bench/kda_cuda/build.sh), same run
+      [ -x "$f" ] || continue
+      echo "== $(basename "$f") quick ($(el))"
+      timeout 25 "$f" /dev/null quick 2>&1 | grep -v conv_mismatch
+    done
   fi
   if on ops; then
     for op in ${OPS:-mla_decode mla_decode_wgmma moe_route moe_experts dsa_topk}; do

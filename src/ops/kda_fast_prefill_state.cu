@@ -30,6 +30,11 @@ cudaError_t launch_intra(const KdaPrefillParams& p, uint32_t* ws, int64_t c0, in
 namespace {
 
 constexpr int NT = 256;
+// CTAs per SM the state kernel's registers are sized for (2: 127 registers; 3: 80 with ~180 bytes of spills,
+// so 384 CTAs of VB = 32 for 96 heads fit one wave of 396 instead of two of 264). Bench builds only.
+#ifndef KDA_STATE_MIN_BLOCKS
+#define KDA_STATE_MIN_BLOCKS 2
+#endif
 
 template <int VB>
 struct StateSmem {
@@ -59,7 +64,7 @@ __device__ __forceinline__ void load_v(VRegs<VB>& r, const KdaPrefillParams& p, 
 }
 
 template <int VB>
-__global__ void __launch_bounds__(NT, 2)
+__global__ void __launch_bounds__(NT, KDA_STATE_MIN_BLOCKS)
     kda_state_kernel(const KdaPrefillParams p, const uint32_t* ws, int64_t c0, int64_t c1) {
   constexpr int NTL = VB / 8, LD = StateSmem<VB>::LD;
   extern __shared__ float4 smem_f4[];
