@@ -35,6 +35,12 @@ constexpr int NT = 256;
 #ifndef KDA_STATE_MIN_BLOCKS
 #define KDA_STATE_MIN_BLOCKS 2
 #endif
+// 1: Kd^T's fragments (and the output warps' A) are loaded after phase 1 instead of with the others, so fewer
+// registers are live in phase 1 (for KDA_STATE_MIN_BLOCKS=3). Bench builds only.
+#ifndef KDA_STATE_LATE_LOADS
+#define KDA_STATE_LATE_LOADS 0
+#endif
+constexpr bool kLateLoads = KDA_STATE_LATE_LOADS;
 
 template <int VB>
 struct StateSmem {
@@ -109,11 +115,17 @@ __global__ void __launch_bounds__(NT, KDA_STATE_MIN_BLOCKS)
 #pragma unroll
     for (int pp = 0; pp < 8; ++pp) af[pp] = __ldg(X + frag_at(mt, pp, 8, lane));
     const uint4* TA = reinterpret_cast<const uint4*>(scr + (o_warp ? OFF_AF : OFF_TF));
-#pragma unroll
-    for (int pp = 0; pp < 4; ++pp) tf[pp] = pp <= mt ? __ldg(TA + frag_at(mt, pp, 4, lane)) : make_uint4(0, 0, 0, 0);
     const uint4* Kt = reinterpret_cast<const uint4*>(scr + OFF_KT);
+    auto load_tf = [&] {
 #pragma unroll
-    for (int pp = 0; pp < 4; ++pp) kf[pp] = __ldg(Kt + frag_at(warp, pp, 4, lane));
+      for (int pp = 0; pp < 4; ++pp) tf[pp] = pp <= mt ? __ldg(TA + frag_at(mt, pp, 4, lane)) : make_uint4(0, 0, 0, 0);
+    };
+    auto load_kf = [&] {
+#pragma unroll
+      for (int pp = 0; pp < 4; ++pp) kf[pp] = __ldg(Kt + frag_at(warp, pp, 4, lane));
+    };
+    if (!kLateLoads || !o_warp) load_tf();
+    if (!kLateLoads) load_kf();
 #pragma unroll
     for (int j = 0; j < NTL; ++j)
 #pragma unroll
@@ -147,6 +159,10 @@ __global__ void __launch_bounds__(NT, KDA_STATE_MIN_BLOCKS)
 #pragma unroll
     for (int pp = 0; pp < 8; ++pp) {
       mma_k16(acc, af[pp], sm.S, LD, 16 * pp);
+    }
+    if (kLateLoads) {
+      if (o_warp) load_tf();
+      load_kf();
     }
     if (!o_warp) {
 #pragma unroll
