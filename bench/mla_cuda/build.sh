@@ -9,18 +9,18 @@ out=${1:-$here/build-mla/bench}
 mkdir -p "$out"
 flags=(-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -lineinfo -I"$here" -I"$here/src" -I"$here/include"
   -Xptxas -v -lcublas)
-nvcc "${flags[@]}" -o "$out/bench_mla_decode" "$here/bench/mla_cuda/bench_mla_decode.cu" \
-  "$here"/src/ops/mla_decode*_cuda.cu "$here/src/ops/mla_decode_ref.cpp" \
-  "$here/src/core/env.cpp" "$here/src/core/log.cpp" 2>&1 |
+decode_srcs=("$here/bench/mla_cuda/bench_mla_decode.cu" "$here"/src/ops/mla_decode*_cuda.cu
+  "$here/src/ops/mla_decode_ref.cpp" "$here/src/core/env.cpp" "$here/src/core/log.cpp")
+nvcc "${flags[@]}" -o "$out/bench_mla_decode" "${decode_srcs[@]}" 2>&1 |
   grep -E "error|warning|registers|spill" || true &
+for n in ${MLA_PROBES:-}; do
+  nvcc "${flags[@]}" -DMLA_HN_PROBE="$n" -o "$out/bench_mla_decode_probe$n" "${decode_srcs[@]}" 2>&1 |
+    grep -E "error" || true &
+done
 nvcc "${flags[@]}" -o "$out/bench_mla_prefill" "$here/bench/mla_cuda/bench_mla_prefill.cu" \
   "$here/src/ops/mla_prefill_cuda.cu" "$here/src/ops/mla_prefill_ref.cpp" 2>&1 |
   grep -E "error|warning|registers|spill" || true
-for n in ${MLA_PROBES:-}; do
-  nvcc "${flags[@]}" -DMLA_HN_PROBE="$n" -o "$out/bench_mla_decode_probe$n" "$here/bench/mla_cuda/bench_mla_decode.cu" \
-    "$here"/src/ops/mla_decode*_cuda.cu "$here/src/ops/mla_decode_ref.cpp" \
-    "$here/src/core/env.cpp" "$here/src/core/log.cpp" 2>&1 | grep -E "error" || true &
-done
 wait
 test -x "$out/bench_mla_decode" && test -x "$out/bench_mla_prefill"
-echo "built $out/bench_mla_decode $out/bench_mla_prefill"
+for n in ${MLA_PROBES:-}; do test -x "$out/bench_mla_decode_probe$n"; done
+echo "built $out/bench_mla_decode $out/bench_mla_prefill${MLA_PROBES:+ and probes $MLA_PROBES}"
