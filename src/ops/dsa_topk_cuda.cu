@@ -1,14 +1,16 @@
 // dsa_topk_cuda.cu: exact causal top-k of the DSA index scores by radix select (dsa_topk.h).
 //
 // Grid: n_row clusters of C CTAs (cluster dims (C, 1, 1)); CTA r of a row owns the contiguous chunk
-// [r * chunk, min(n, (r + 1) * chunk)). A chunk of up to `stage_cap` keys is first copied into shared memory
-// (one coalesced read of the row), so the five passes below read shared memory; longer chunks (rows past
-// kStageKeys * C) read global memory in every pass. Per pass (digit 3 .. 0 of the 32-bit key, 8 bits each):
-//   local histogram of the digit over the keys that match the prefix found so far (warp-aggregated smem
-//   atomics: many equal keys cost one atomic per warp), one barrier (the cluster's, release / acquire, where
-//   C > 1: a GPU-scope fence each, so the only ones), every CTA sums the C histograms through distributed
-//   shared memory (and, apart, those of the lower ranks), warp 0 finds the digit b* holding the
-//   remaining-th largest key and adds b* to the prefix. Histograms alternate between two buffers, so no
+// [r * chunk, min(n, (r + 1) * chunk)). A chunk of up to kStageKeys keys is first copied into shared memory
+// as order keys (one coalesced read of the row, converted once), so the passes below read shared memory;
+// longer chunks (rows past kStageKeys * C) read global memory in every pass (a second instantiation, 2 CTAs
+// an SM instead of 3). Per pass (digit 3 .. 0 of the 32-bit key, 8 bits each):
+//   local histogram of the digit over the keys that match the prefix found so far (a warp takes 4 groups of
+//   32 keys at a time; a group with a key under the prefix aggregates equal digits with one match and one
+//   smem atomic a digit, a group without one, most of them after two passes, costs a vote), one barrier
+//   (the cluster's, release / acquire, where C > 1: a GPU-scope fence each, so the only ones), every CTA
+//   sums the C histograms through distributed shared memory (and, apart, those of the lower ranks), warp 0
+//   finds the digit b* holding the remaining-th largest key and adds b* to the prefix. Histograms alternate between two buffers, so no
 //   second barrier guards their reuse.
 // After 4 passes the prefix is T, the topk-th largest key; need = how many keys == T to take; the lower
 // ranks' counts of keys > T (the sum over passes of their keys above each pass's digit) and == T (their last
@@ -58,14 +60,56 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
-__global__ void __launch_bounds__(kThreads) topk_kernel(DsaTopkParams p, int stage_cap) {
+// A CTA's keys: the order keys of its chunk staged in shared memory, or the row's scores in global memory
+// (converted at every read). j is the offset in the chunk.
+template <bool kStaged>
+struct ChunkKeys {
+  const uint32_t* staged;
+  const float* score;
+  __device__ __forceinline__ uint32_t operator()(int j) const {
+    if constexpr (kStaged)
+      return staged[j];
+    else
+      return order_key(__ldg(score + j));
+  }
+};
+
+// One histogram pass over the chunk: hist[digit] += #keys k with (k & mask) == prefix. A warp takes 4 x 32
+// consecutive keys an iteration (4 independent loads a lane); a group of 32 with no key under the prefix
+// (most of them after the first two passes) skips its match and atomics.
+template <bool kStaged>
+__device__ __forceinline__ void histogram(const ChunkKeys<kStaged>& key, int m, uint32_t prefix, uint32_t mask,
+                                          int shift, uint32_t* hist) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int j0 = warp * 128; j0 < m; j0 += 4 * kThreads) {  // warp-uniform: every lane takes part in the match
+    uint32_t bin[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int j = j0 + 32 * u + lane;
+      bin[u] = 256u;
+      if (j < m) {
+        const uint32_t k = key(j);
+        if ((k & mask) == prefix) bin[u] = (k >> shift) & 255u;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      if (!__any_sync(0xffffffffu, bin[u] != 256u)) continue;
+      const unsigned same = __match_any_sync(0xffffffffu, bin[u]);
+      if (bin[u] != 256u && lane == __ffs(same) - 1) atomicAdd(&hist[bin[u]], uint32_t(__popc(same)));
+    }
+  }
+}
+
+template <bool kStaged>
+__global__ void __launch_bounds__(kThreads, kStaged ? 3 : 2) topk_kernel(DsaTopkParams p) {
   cg::cluster_group cluster = cg::this_cluster();
   const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   const int row = int(blockIdx.x) / C;
   __shared__ TopkShared sh;
   __shared__ typename cub::BlockScan<uint32_t, kThreads>::TempStorage scan_tmp;
-  extern __shared__ float staged[];  // [stage_cap]: this CTA's chunk of the row
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  extern __shared__ uint4 staged_u4[];  // kStaged: [chunk] order keys of this CTA's chunk
+  const int tid = threadIdx.x, warp = tid >> 5;
   const int64_t n = p.row_len ? int64_t(p.row_len[row]) : p.len0 + row;
   int32_t* out = p.sel + int64_t(row) * p.topk;
   if (n <= p.topk) {  // the same decision in every CTA of the cluster: nobody touches remote memory
@@ -75,20 +119,20 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(DsaTopkParams p, int sta
   }
   const int64_t chunk = (n + C - 1) / C;
   const int64_t lo = std::min<int64_t>(n, rank * chunk), hi = std::min<int64_t>(n, lo + chunk);
-  // score[i] for lo <= i < hi: from shared memory when the chunk fits, else from the row in global memory
-  const float* src = p.score + int64_t(row) * p.ld + lo;  // src[i - lo] = score of position i
-  if (hi - lo <= stage_cap) {
-    const int m = int(hi - lo);
+  const int m = int(hi - lo);  // n < 2^31 (row_len is int32)
+  const float* score = p.score + int64_t(row) * p.ld + lo;  // score[j] = score of position lo + j
+  uint32_t* skey = reinterpret_cast<uint32_t*>(staged_u4);
+  if constexpr (kStaged) {
     for (int j0 = tid; j0 < m; j0 += 8 * kThreads) {  // 8 loads in flight a thread
       float v[8];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = j0 + u * kThreads < m ? src[j0 + u * kThreads] : 0.f;
+      for (int u = 0; u < 8; ++u) v[u] = j0 + u * kThreads < m ? __ldg(score + j0 + u * kThreads) : 0.f;
 #pragma unroll
       for (int u = 0; u < 8; ++u)
-        if (j0 + u * kThreads < m) staged[j0 + u * kThreads] = v[u];
+        if (j0 + u * kThreads < m) skey[j0 + u * kThreads] = order_key(v[u]);
     }
-    src = staged;
   }
+  const ChunkKeys<kStaged> key{skey, score};
 
   // Pass p: a barrier between the histogram and its merge (a cluster barrier with release / acquire where
   // C > 1: the only ones in the kernel); the histograms alternate between two buffers, so the next pass may
@@ -98,17 +142,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(DsaTopkParams p, int sta
     uint32_t* hist = sh.hist[pass & 1];
     for (int b = tid; b < 256; b += kThreads) hist[b] = 0;
     __syncthreads();
-    // warp-uniform loop: every lane takes part in the match
-    for (int64_t base = lo + int64_t(warp) * 32; base < hi; base += kThreads) {
-      const int64_t i = base + lane;
-      int bin = 256;
-      if (i < hi) {
-        const uint32_t k = order_key(src[i - lo]);
-        if ((k & mask) == prefix) bin = int((k >> shift) & 255u);
-      }
-      const unsigned same = __match_any_sync(0xffffffffu, bin);
-      if (bin < 256 && lane == __ffs(same) - 1) atomicAdd(&hist[bin], uint32_t(__popc(same)));
-    }
+    histogram(key, m, prefix, mask, shift, hist);
     if (C > 1)
       cluster.sync();
     else
@@ -125,6 +159,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(DsaTopkParams p, int sta
     if (C > 1 && shift == 0) cluster_arrive_relaxed();  // the last remote reads are done (wait: at the end)
     __syncthreads();
     if (warp == 0) {
+      const int lane = tid & 31;
       // lane l owns bins 255 - 8l .. 248 - 8l (descending); inclusive scan from the top
       uint32_t own = 0;
       for (int j = 0; j < 8; ++j) own += sh.merged[255 - 8 * lane - j];
@@ -163,26 +198,34 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(DsaTopkParams p, int sta
   uint32_t gt_before = gt_lower, eq_before = sh.eq_lower;
 
   using Scan = cub::BlockScan<uint32_t, kThreads>;
-  for (int64_t t0 = lo; t0 < hi; t0 += kTile) {
-    const int64_t i0 = t0 + int64_t(tid) * kItems;
+  for (int t0 = 0; t0 < m; t0 += kTile) {
+    const int j0 = t0 + tid * kItems;
     uint32_t k[kItems], packed = 0;
+    if (kStaged && j0 + kItems <= m) {  // two 16-byte reads (j0 is a multiple of 8)
+      const uint4 a = staged_u4[j0 / 4], b = staged_u4[j0 / 4 + 1];
+      k[0] = a.x, k[1] = a.y, k[2] = a.z, k[3] = a.w, k[4] = b.x, k[5] = b.y, k[6] = b.z, k[7] = b.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < kItems; ++j) k[j] = j0 + j < m ? key(j0 + j) : 0u;
+    }
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
-      k[j] = i0 + j < hi ? order_key(src[i0 + j - lo]) : 0u;
-      packed += (i0 + j < hi && k[j] > T) ? 1u : 0u;
-      packed += (i0 + j < hi && k[j] == T) ? 0x10000u : 0u;
+      packed += (j0 + j < m && k[j] > T) ? 1u : 0u;
+      packed += (j0 + j < m && k[j] == T) ? 0x10000u : 0u;
     }
     uint32_t excl, total;
     Scan(scan_tmp).ExclusiveSum(packed, excl, total);
     uint32_t gt = gt_before + (excl & 0xFFFFu), eq = eq_before + (excl >> 16);
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
-      if (i0 + j >= hi) break;
-      if (k[j] > T) {
-        out[gt + min(eq, need)] = int32_t(i0 + j);
+      if (j0 + j >= m) break;
+      const int32_t pos = int32_t(lo + j0 + j);
+      const uint32_t kj = kStaged ? key(j0 + j) : k[j];  // staged: read again, not kept across the scan
+      if (kj > T) {
+        out[gt + min(eq, need)] = pos;
         ++gt;
-      } else if (k[j] == T) {
-        if (eq < need) out[gt + eq] = int32_t(i0 + j);
+      } else if (kj == T) {
+        if (eq < need) out[gt + eq] = pos;
         ++eq;
       }
     }
@@ -205,23 +248,25 @@ cudaLaunchConfig_t launch_config(int C, const DsaTopkParams& p, size_t smem, cud
   return cfg;
 }
 
-// The largest cluster this device runs (16 where the non-portable size fits, else 8); the kernel's
+// The largest cluster this device runs (16 where the non-portable size fits, else 8); the kernels'
 // attributes (64 KB of staged keys, non-portable clusters) are set on the way, once per device.
 int max_cluster() {
   static std::atomic<int> known[64] = {};
   int dev = 0;
   K3_CUDA_ASSERT(cudaGetDevice(&dev));
   if (dev < 64 && known[dev].load() > 0) return known[dev].load();
-  K3_CUDA_ASSERT(cudaFuncSetAttribute(topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(kStageKeys * sizeof(float))));
+  K3_CUDA_ASSERT(cudaFuncSetAttribute(topk_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(kStageKeys * sizeof(uint32_t))));
   int best = 8;
-  if (cudaFuncSetAttribute(topk_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+  if (cudaFuncSetAttribute(topk_kernel<true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
+      cudaFuncSetAttribute(topk_kernel<false>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
     DsaTopkParams one;
     one.n_row = 1;
     cudaLaunchAttribute attr[1];
-    const cudaLaunchConfig_t cfg = launch_config(kMaxCluster, one, kStageKeys * sizeof(float), nullptr, attr);
+    const cudaLaunchConfig_t cfg =
+        launch_config(kMaxCluster, one, kStageKeys * sizeof(uint32_t), nullptr, attr);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, topk_kernel, &cfg) == cudaSuccess && clusters > 0)
+    if (cudaOccupancyMaxActiveClusters(&clusters, topk_kernel<true>, &cfg) == cudaSuccess && clusters > 0)
       best = kMaxCluster;
   }
   (void)cudaGetLastError();  // a refused query leaves no sticky error; clear the last one
@@ -239,10 +284,14 @@ void dsa_topk_cuda(const DsaTopkParams& p, GpuContext& g) {
                     ? std::min(p.cluster, c_max)
                     : int(std::clamp<int64_t>((p.max_len + kKeysPerCta - 1) / kKeysPerCta, 1, c_max));
   const int64_t chunk = (p.max_len + C - 1) / C;  // the longest chunk of any row
-  const int stage_cap = chunk <= kStageKeys ? int(chunk) : 0;
+  const bool staged = chunk <= kStageKeys;
   cudaLaunchAttribute attr[1];
-  const cudaLaunchConfig_t cfg = launch_config(C, p, size_t(stage_cap) * sizeof(float), g.stream, attr);
-  K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, topk_kernel, p, stage_cap));
+  const cudaLaunchConfig_t cfg =
+      launch_config(C, p, staged ? size_t(chunk) * sizeof(uint32_t) : 0, g.stream, attr);
+  if (staged)
+    K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, topk_kernel<true>, p));
+  else
+    K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, topk_kernel<false>, p));
 }
 
 }  // namespace k3
