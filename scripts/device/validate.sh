@@ -18,7 +18,8 @@
 #      DSA_ENVS="K3_X=1 ..." runs it again under each setting); mla_bench: bench_mla_decode (checks against fp64,
 #      then every decode kernel's timings; MLA_ENVS="K3_X=1,K3_MLA_BENCH_ONLY=b64 ..." again under each; then
 #      the probe builds bench_mla_decode_probeN packed from MLA_PROBES="1 2 3" bench/mla_cuda/build.sh);
-#      ncu_mla: Nsight Compute over the heads-as-N MLA decode kernel;
+#      ncu_mla: Nsight Compute over the heads-as-N MLA decode kernel; ncu_kda: over the KDA prefill's pre-pass
+#      and state walk (bench_kda prefill, T = 2048), whole reports in $OUT/validate/ncu_kda_*.txt;
 #   7. ncu_step: Nsight Compute over one eager K3 decode step (bench_slice --profile-step) at B = 1 and 64,
 #      T = 4K: every kernel's time and DRAM bytes, summed by kernel (scripts/device/ncu_step.py).
 # Writes $OUT/validate/run.log, tests.log (the whole k3_tests output) and slice.jsonl.
@@ -58,7 +59,7 @@ trap 'rm -rf "$S"' EXIT
 trap 'rm -rf "$S"; exit 124' TERM INT
 t0=$SECONDS
 el() { echo "t=$((SECONDS - t0)) s"; }
-STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests tests_env kda ops dsa ncu_dsa mla_bench ncu_mla moe slice31 slice mla fused envcmp ncu_step
+STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests tests_env kda ncu_kda ops dsa ncu_dsa mla_bench ncu_mla moe slice31 slice mla fused envcmp ncu_step
 on() { [[ " $STEPS " == *" $1 "* ]]; }
 # bench_envs NAME BIN BUDGET SETTINGS CHECKS METRICS: $B/BIN again under each of SETTINGS (a comma joins one
 # run's settings), appending to $out/NAME_cuda.jsonl (commit tagged +setting), each log $out/NAME_envI.log;
@@ -145,6 +146,19 @@ bench_envs() {
       K3_MLA_BENCH_ONLY=b64 timeout "${MLA_BUDGET:-150}" "$f" "$out/mla_cuda.jsonl" \
         "$(cat "$B/COMMIT" 2>/dev/null)+$(basename "$f")" 2>&1 | grep -E '"metric"' | grep -E '_us"' |
         sed -E 's/.*"metric": "([^"]*)", "value": ([^,]*),.*/\1 \2/'
+    done
+  fi
+  if on ncu_kda && command -v ncu >/dev/null; then  # the KDA prefill's two kernels, each on its third launch
+    for k in kda_intra_kernel kda_state_kernel; do  # (bench_kda prefill: T = 2048 first, 32 chunks x 96 heads)
+      echo "== ncu $k ($(el))"
+      timeout "${NCU_BUDGET:-60}" ncu --kernel-name "regex:$k" --launch-skip 2 --launch-count 1 --clock-control none \
+        --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
+        --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+        --section InstructionStats --section SourceCounters --print-details all \
+        "$B/bench_kda" /dev/null prefill >"$out/ncu_$k.txt" 2>&1
+      echo "rc=$?"
+      grep -E 'Duration|DRAM Throughput|L2 Cache Throughput|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|No Eligible|Issued Ipc|Executed Instructions  ' \
+        "$out/ncu_$k.txt" | cut -c1-150 | head -40
     done
   fi
   if on ncu_mla && command -v ncu >/dev/null; then  # the heads-as-N MLA decode kernel at b64 x 32K
