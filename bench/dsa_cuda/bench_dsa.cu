@@ -397,8 +397,8 @@ int main(int argc, char** argv) {
       const double tk = graph_us(g, [&](int) { dsa_topk_cuda(t, g); });
       if (nb == 1 && ctx == 131072)
         emit(tag + "_topk_eager_us", median_us(g, [&](int) { dsa_topk_cuda(t, g); }), "us");
-      for (int c : {1, 2, 4, 8, 16}) {  // CTAs per row forced (the automatic choice: ceil(ctx / 8192))
-        if (c == int((ctx + 8191) / 8192) || ctx > 16384 * int64_t(c)) continue;  // default, or not staged
+      for (int c : {1, 2, 4, 8, 16}) {  // CTAs per row forced (the automatic choice: dsa_topk_cuda.cu)
+        if (ctx > 16384 * int64_t(c)) continue;  // not staged
         DsaTopkParams tc = t;
         tc.cluster = c;
         emit(tag + "_topk_c" + std::to_string(c) + "_us", graph_us(g, [&](int) { dsa_topk_cuda(tc, g); }),

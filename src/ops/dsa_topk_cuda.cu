@@ -34,7 +34,8 @@ namespace cg = cooperative_groups;
 constexpr int kThreads = 512;
 constexpr int kItems = 8;                 // consecutive keys per thread in the compaction pass
 constexpr int kTile = kThreads * kItems;  // <= 65535: two 16-bit counts packed in one scan value
-constexpr int64_t kKeysPerCta = 8192;     // cluster size = ceil(max_len / this), <= kMaxCluster
+constexpr int64_t kMinKeysPerCta = 2048;  // the automatic cluster size splits rows no finer than this
+constexpr int kResidentPerSm = 3;         // staged kernel's CTAs an SM (40 registers, 512 threads, 64 KB)
 constexpr int kMaxCluster = 16;           // non-portable above 8: checked once per device, else 8
 constexpr int kStageKeys = 16384;         // a CTA's chunk up to this long is staged in shared memory (64 KB)
 
@@ -274,15 +275,35 @@ int max_cluster() {
   return best;
 }
 
+// CTAs per row when the caller leaves it open: as many as fill the resident slots of one wave
+// (kResidentPerSm x SMs over the rows), a power of two, no finer than kMinKeysPerCta keys a CTA, and at
+// least enough that a chunk fits the staged kernel. Chosen from forced counts timed on an H100 (session 18,
+// bench_dsa *_topk_cN_us): best at b1 8K / 32K / 128K = 4 / 8-16 / 16, at b64 = 2-4 / 4 / 8; the earlier
+// rule ceil(max_len / 8192) gave 1 / 4 / 16 at both batches.
+int auto_cluster(const DsaTopkParams& p, int c_max) {
+  static std::atomic<int> sms[64] = {};
+  int dev = 0;
+  K3_CUDA_ASSERT(cudaGetDevice(&dev));
+  int n_sm = dev < 64 ? sms[dev].load() : 0;
+  if (n_sm == 0) {
+    K3_CUDA_ASSERT(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    if (dev < 64) sms[dev] = n_sm;
+  }
+  const int64_t fill = std::max<int64_t>(1, int64_t(kResidentPerSm) * n_sm / p.n_row);
+  const int64_t fine = (p.max_len + kMinKeysPerCta - 1) / kMinKeysPerCta;
+  int64_t c = 1;
+  while (2 * c <= std::min(fill, fine)) c *= 2;
+  c = std::max(c, (p.max_len + kStageKeys - 1) / kStageKeys);
+  return int(std::clamp<int64_t>(c, 1, c_max));
+}
+
 }  // namespace
 
 void dsa_topk_cuda(const DsaTopkParams& p, GpuContext& g) {
   K3_ASSERT(dsa_topk_check(p).ok());
   if (p.n_row == 0) return;
   const int c_max = max_cluster();
-  const int C = p.cluster > 0
-                    ? std::min(p.cluster, c_max)
-                    : int(std::clamp<int64_t>((p.max_len + kKeysPerCta - 1) / kKeysPerCta, 1, c_max));
+  const int C = p.cluster > 0 ? std::min(p.cluster, c_max) : auto_cluster(p, c_max);
   const int64_t chunk = (p.max_len + C - 1) / C;  // the longest chunk of any row
   const bool staged = chunk <= kStageKeys;
   cudaLaunchAttribute attr[1];
