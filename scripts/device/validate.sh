@@ -95,12 +95,12 @@ bench_envs() {
   fi
   if on kda; then
     echo "== bench_kda quick, defaults ($(el))"
-    timeout 25 "$B/bench_kda" /dev/null quick 2>&1 | grep -v conv_mismatch
+    timeout 25 "$B/bench_kda" "$out/kda_bench_kda.json" quick 2>&1 | grep -v conv_mismatch
     for f in "$B"/bench_kda_*; do  # build variants (KDA_FLAGS / KDA_NAME in bench/kda_cuda/build.sh), same run
       [ -x "$f" ] || continue
       echo "== $(basename "$f") quick ($(el))"
-      timeout 25 "$f" /dev/null quick 2>&1 | grep -v conv_mismatch
-    done
+      timeout 25 "$f" "$out/kda_$(basename "$f").json" quick 2>&1 | grep -v conv_mismatch
+    done  # here: python3 bench/kda_cuda/report.py kda_X.json /dev/null COMMIT MACHINE X >> bench/results/kda_cuda.jsonl
   fi
   if on ops; then
     for op in ${OPS:-mla_decode mla_decode_wgmma moe_route moe_experts dsa_topk}; do
@@ -155,7 +155,7 @@ bench_envs() {
         --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
         --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
         --section InstructionStats --section SourceCounters --print-details all \
-        "$B/bench_kda" /dev/null prefill >"$out/ncu_$k.txt" 2>&1
+        "$B/${NCU_KDA_BIN:-bench_kda}" /dev/null prefill >"$out/ncu_$k.txt" 2>&1
       echo "rc=$?"
       grep -E 'Duration|DRAM Throughput|L2 Cache Throughput|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|No Eligible|Issued Ipc|Executed Instructions  ' \
         "$out/ncu_$k.txt" | cut -c1-150 | head -40
