@@ -159,6 +159,14 @@ bench_envs() {
       echo "rc=$?"
       grep -E 'Duration|DRAM Throughput|L2 Cache Throughput|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|No Eligible|Issued Ipc|Executed Instructions  ' \
         "$out/ncu_$k.txt" | cut -c1-150 | head -40
+      if [ -n "${NCU_KDA_SRC:-}" ]; then  # per-SASS-instruction counts and stall samples (the source page, csv)
+        timeout "${NCU_BUDGET:-60}" ncu --kernel-name "regex:$k" --launch-skip 2 --launch-count 1 --clock-control none \
+          --section SourceCounters --section InstructionStats --import-source yes -f -o "$out/ncu_src_$k" \
+          "$B/${NCU_KDA_BIN:-bench_kda}" /dev/null prefill >/dev/null 2>&1
+        timeout 60 ncu -i "$out/ncu_src_$k.ncu-rep" --page source --csv --print-source sass >"$out/ncu_sass_$k.csv" 2>&1
+        echo "source page rc=$? ($(wc -l <"$out/ncu_sass_$k.csv") lines)"
+        rm -f "$out/ncu_src_$k.ncu-rep"
+      fi
     done
   fi
   if on ncu_mla && command -v ncu >/dev/null; then  # the heads-as-N MLA decode kernel at b64 x 32K
