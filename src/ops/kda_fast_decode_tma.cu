@@ -38,7 +38,7 @@ namespace {
 #define KDA_DECODE_CTAS 3
 #endif
 constexpr int DK = 128, DV = 128, NT = 256, NW = NT / 32, ROWS = DK / NW;
-constexpr unsigned kStateBytes = DK * DV * 4;
+[[maybe_unused]] constexpr unsigned kStateBytes = DK * DV * 4;  // unused with KDA_DECODE_TMA=0
 
 __device__ inline float bf16f(uint16_t x) {
   return __uint_as_float(uint32_t(x) << 16);
@@ -139,7 +139,7 @@ struct StepIn {
   uint16_t win[NE][3], cur[NE];
 };
 
-__device__ inline void load_inputs(const KdaDecodeParams& p, int h, int b, const uint16_t* conv, StepIn& in) {
+[[maybe_unused]] __device__ inline void load_inputs(const KdaDecodeParams& p, int h, int b, const uint16_t* conv, StepIn& in) {
   const int tid = threadIdx.x, H = p.n_head, HK = H * DK;
   in.go = make_float2(0.f, 0.f), in.fz = in.A = in.bl = 0.f;
   if (tid < DV) {
@@ -161,7 +161,7 @@ __device__ inline void load_inputs(const KdaDecodeParams& p, int h, int b, const
 }
 
 // prologue() from inputs already in registers
-__device__ inline float2 prologue_from(const KdaDecodeParams& p, Smem& sm, int h, int b, uint16_t* conv,
+[[maybe_unused]] __device__ inline float2 prologue_from(const KdaDecodeParams& p, Smem& sm, int h, int b, uint16_t* conv,
                                        const StepIn& in) {
   const int tid = threadIdx.x, HK = p.n_head * DK;
 #pragma unroll
