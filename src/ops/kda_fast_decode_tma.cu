@@ -139,7 +139,8 @@ struct StepIn {
   uint16_t win[NE][3], cur[NE];
 };
 
-[[maybe_unused]] __device__ inline void load_inputs(const KdaDecodeParams& p, int h, int b, const uint16_t* conv, StepIn& in) {
+[[maybe_unused]] __device__ inline void load_inputs(const KdaDecodeParams& p, int h, int b,
+                                                    const uint16_t* conv, StepIn& in) {
   const int tid = threadIdx.x, H = p.n_head, HK = H * DK;
   in.go = make_float2(0.f, 0.f), in.fz = in.A = in.bl = 0.f;
   if (tid < DV) {
@@ -161,8 +162,8 @@ struct StepIn {
 }
 
 // prologue() from inputs already in registers
-[[maybe_unused]] __device__ inline float2 prologue_from(const KdaDecodeParams& p, Smem& sm, int h, int b, uint16_t* conv,
-                                       const StepIn& in) {
+[[maybe_unused]] __device__ inline float2 prologue_from(const KdaDecodeParams& p, Smem& sm, int h, int b,
+                                                        uint16_t* conv, const StepIn& in) {
   const int tid = threadIdx.x, HK = p.n_head * DK;
 #pragma unroll
   for (int r = 0; r < NE; ++r) {
