@@ -51,14 +51,50 @@ constexpr bool kLateLoads = KDA_STATE_LATE_LOADS;
 #endif
 constexpr bool kStage = KDA_STATE_STAGE;
 static_assert(!(kStage && kLateLoads), "the staged scratch is overwritten after the first barrier");
+// 1: the B operands (S, beta V, V') sit in shared memory transposed, [n][k], and each n-tile's fragments of a
+// 16-wide k-step come from one ldmatrix.x4 (tf32 words read as pairs of b16) instead of four 32-bit loads
+// (Nsight, session 18: the LSU was the busiest pipe, 44% of issue). Same products, same order.
+#ifndef KDA_STATE_LDSM
+#define KDA_STATE_LDSM 0
+#endif
+constexpr bool kLdsm = KDA_STATE_LDSM;
 
+// B operands [k][n], ld = VB + 8 (= 8 mod 32: conflict-free fragment reads), or with kLdsm [n][k], ld = K + 4
+// (= 4 mod 32: conflict-free ldmatrix rows, 16-byte aligned).
 template <int VB>
 struct StateSmem {
-  static constexpr int LD = VB + 8;  // B operands [k][n]: ld = 8 mod 32, conflict-free fragment reads
-  uint32_t S[DK * LD];               // tf32 copy of the state slice
-  uint32_t Vp[C * LD];               // V' (tf32)
-  uint32_t bV[C * LD];               // beta v, this CTA's columns (tf32)
+  static constexpr int LD = kLdsm ? DK + 4 : VB + 8;  // S (K = 128)
+  static constexpr int LDV = kLdsm ? C + 4 : VB + 8;  // V', beta V (K = 64)
+  uint32_t S[kLdsm ? VB * LD : DK * LD];               // tf32 copy of the state slice
+  uint32_t Vp[kLdsm ? VB * LDV : C * LDV];             // V' (tf32)
+  uint32_t bV[kLdsm ? VB * LDV : C * LDV];             // beta v, this CTA's columns (tf32)
 };
+// Word of B element (k, n) in either layout.
+__device__ __forceinline__ int b_at(int k, int n, int ld) {
+  return kLdsm ? n * ld + k : k * ld + n;
+}
+// acc (16 x 8 NTL) += A (one 16-wide k-step, packed fp16 pairs) B[k0 .. k0 + 16, :] from shared memory.
+template <int NTL>
+__device__ __forceinline__ void mma_b16(float (&acc)[NTL][4], const uint4& a, const uint32_t* X, int ld, int k0) {
+  if constexpr (!kLdsm) {
+    mma_k16(acc, a, X, ld, k0);
+  } else {
+    uint32_t a0[4], a1[4];
+    unpack_a(a, a0, a1);
+    const int lane = threadIdx.x & 31;
+    // lanes 8m .. 8m + 7 address rows n = 8 j + (lane & 7), words k0 + 4 m ..: matrix m = b0, b1 of the
+    // first k8 step, then b0, b1 of the second.
+    const uint32_t base = smem_addr(X + (lane & 7) * ld + k0 + 4 * (lane >> 3));
+#pragma unroll
+    for (int j = 0; j < NTL; ++j) {
+      uint32_t b[4];
+      ldsm_x4(base + uint32_t(8 * j * ld * 4), b);
+      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+      mma_tf32(acc[j], a0, b0);
+      mma_tf32(acc[j], a1, b1);
+    }
+  }
+}
 // kStage: the staged scratch and its mbarrier follow StateSmem (both offsets multiples of 16 bytes).
 template <int VB>
 constexpr size_t state_smem_bytes() {
@@ -87,7 +123,7 @@ __device__ __forceinline__ void load_v(VRegs<VB>& r, const KdaPrefillParams& p, 
 template <int VB>
 __global__ void __launch_bounds__(NT, KDA_STATE_MIN_BLOCKS)
     kda_state_kernel(const KdaPrefillParams p, const uint32_t* ws, int64_t c0, int64_t c1) {
-  constexpr int NTL = VB / 8, LD = StateSmem<VB>::LD;
+  constexpr int NTL = VB / 8, LD = StateSmem<VB>::LD, LDV = StateSmem<VB>::LDV;
   extern __shared__ float4 smem_f4[];
   auto& sm = *reinterpret_cast<StateSmem<VB>*>(smem_f4);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -166,7 +202,7 @@ __global__ void __launch_bounds__(NT, KDA_STATE_MIN_BLOCKS)
 #pragma unroll
     for (int j = 0; j < NTL; ++j)
 #pragma unroll
-      for (int c2 = 0; c2 < 4; ++c2) sm.S[(d0 + g + 8 * (c2 >> 1)) * LD + 8 * j + 2 * t + (c2 & 1)] = to_tf32(sacc[j][c2]);
+      for (int c2 = 0; c2 < 4; ++c2) sm.S[b_at(d0 + g + 8 * (c2 >> 1), 8 * j + 2 * t + (c2 & 1), LD)] = to_tf32(sacc[j][c2]);
 #pragma unroll
     for (int m = 0; m < VRegs<VB>::N; ++m) {
       const int e = tid + NT * m, i = e / (VB / 8), c8 = e % (VB / 8);
@@ -174,8 +210,8 @@ __global__ void __launch_bounds__(NT, KDA_STATE_MIN_BLOCKS)
         const uint32_t w[4] = {vin.v[m].x, vin.v[m].y, vin.v[m].z, vin.v[m].w};
 #pragma unroll
         for (int x = 0; x < 4; ++x) {
-          sm.bV[i * LD + 8 * c8 + 2 * x] = to_tf32(vin.beta[m] * __uint_as_float(w[x] << 16));
-          sm.bV[i * LD + 8 * c8 + 2 * x + 1] = to_tf32(vin.beta[m] * __uint_as_float(w[x] & 0xffff0000u));
+          sm.bV[b_at(i, 8 * c8 + 2 * x, LDV)] = to_tf32(vin.beta[m] * __uint_as_float(w[x] << 16));
+          sm.bV[b_at(i, 8 * c8 + 2 * x + 1, LDV)] = to_tf32(vin.beta[m] * __uint_as_float(w[x] & 0xffff0000u));
         }
       }
     }
@@ -193,13 +229,13 @@ __global__ void __launch_bounds__(NT, KDA_STATE_MIN_BLOCKS)
 #pragma unroll
       for (int pp = 0; pp < 4; ++pp) {
         if (pp <= mt) {
-          mma_k16(acc, tf[pp], sm.bV, LD, 16 * pp);
+          mma_b16(acc, tf[pp], sm.bV, LDV, 16 * pp);
         }
       }
     }
 #pragma unroll
     for (int pp = 0; pp < 8; ++pp) {
-      mma_k16(acc, af[pp], sm.S, LD, 16 * pp);
+      mma_b16(acc, af[pp], sm.S, LD, 16 * pp);
     }
     if (kLateLoads) {
       if (o_warp) load_tf();
@@ -209,7 +245,7 @@ __global__ void __launch_bounds__(NT, KDA_STATE_MIN_BLOCKS)
 #pragma unroll
       for (int j = 0; j < NTL; ++j)
 #pragma unroll
-        for (int c2 = 0; c2 < 4; ++c2) sm.Vp[(16 * mt + g + 8 * (c2 >> 1)) * LD + 8 * j + 2 * t + (c2 & 1)] = to_tf32(acc[j][c2]);
+        for (int c2 = 0; c2 < 4; ++c2) sm.Vp[b_at(16 * mt + g + 8 * (c2 >> 1), 8 * j + 2 * t + (c2 & 1), LDV)] = to_tf32(acc[j][c2]);
     }
     __syncthreads();
     // 2. O += A V' (A is lower triangular: k-step pairs <= mt); S <- exp(G_C) S + Kd^T V'.
@@ -217,7 +253,7 @@ __global__ void __launch_bounds__(NT, KDA_STATE_MIN_BLOCKS)
 #pragma unroll
       for (int pp = 0; pp < 4; ++pp) {
         if (pp <= mt) {
-          mma_k16(acc, tf[pp], sm.Vp, LD, 16 * pp);
+          mma_b16(acc, tf[pp], sm.Vp, LDV, 16 * pp);
         }
       }
       const int64_t t0 = tok0 + (c - base) * C;
@@ -238,7 +274,7 @@ __global__ void __launch_bounds__(NT, KDA_STATE_MIN_BLOCKS)
     }
 #pragma unroll
     for (int pp = 0; pp < 4; ++pp) {
-      mma_k16(sacc, kf[pp], sm.Vp, LD, 16 * pp);
+      mma_b16(sacc, kf[pp], sm.Vp, LDV, 16 * pp);
     }
     __syncthreads();  // Vp, S and bV reads done before the next chunk writes them
   }
