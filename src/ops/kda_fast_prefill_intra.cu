@@ -339,10 +339,17 @@ __device__ __forceinline__ int kc_base(int d) {
 // flush-to-zero ex2 (2 instructions instead of 5): equal wherever the result is >= 2^-126. Within the gate
 // contract (g >= -5) the factors of A and L stay above e^-80; only exp(G) and exp(G_C - G) can fall below,
 // and their products are stored as fp16 (0 either way) or feed W, stored as fp16, at ~1e-38.
+// KDA_PRE_LOG2=1 (with the flush-to-zero ex2): G is kept in log2 units (g scaled by log2 e as it is summed,
+// one FFMA instead of one FADD), so each exponential is one ex2 without the scaling multiply.
+#ifndef KDA_PRE_LOG2
+#define KDA_PRE_LOG2 0
+#endif
+static_assert(!KDA_PRE_LOG2 || KDA_PRE_EXP_FTZ, "KDA_PRE_LOG2 needs KDA_PRE_EXP_FTZ");
+constexpr float kGScale = KDA_PRE_LOG2 ? 1.4426950408889634f : 1.f;  // G's unit: log2 (e) or ln
 __device__ __forceinline__ float exp_g(float x) {
 #if KDA_PRE_EXP_FTZ
   float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(KDA_PRE_LOG2 ? x : x * 1.4426950408889634f));
   return r;
 #else
   return __expf(x);
@@ -409,14 +416,14 @@ __device__ __forceinline__ void block_al(float* sm, const Rows& x, uint32_t* scr
     const uint16_t* gp = x.g + o0;
 #pragma unroll
     for (int r = 0; r < 8; ++r, gp += x.rs) {
-      acc += ld_row(gp, i0 + r < x.n);
+      acc += ld_row(gp, i0 + r < x.n) * kGScale;
       Gr[r] = acc;
     }
   }
   float Rd = Gr[0];  // G_{16a}
   if (hr) {
     Rd = a == 0 ? 0.f : Gk[(2 * a - 1) * DK + d];
-    Rd += ld_row(x.g + 16 * a * x.rs + d, 16 * a < x.n);
+    Rd += ld_row(x.g + 16 * a * x.rs + d, 16 * a < x.n) * kGScale;
   }
   const float gc = Gk[7 * DK + d];
   uint16_t* qe = reinterpret_cast<uint16_t*>(scr + OFF_QE) +
@@ -465,7 +472,7 @@ __device__ __forceinline__ void bk_block(float* sm, const Rows& x, int a, int d)
   for (int r = 0; r < 16; ++r, gp += x.rs, kp += x.rs) {
     const int i = 16 * a + r;
     const bool in = i < x.n;
-    acc += ld_row(gp, in);
+    acc += ld_row(gp, in) * kGScale;
     const float kv = ld_row(kp, in);
     Bk[i * LDB + d] = to_tf32(beta[i] * exp_g(acc) * kv);
   }
@@ -496,7 +503,7 @@ __global__ void __launch_bounds__(NT, 3)
     for (int m0 = 0; m0 < 8; m0 += 4) {
       float xg[32];  // 32 rows of loads in flight
 #pragma unroll
-      for (int r = 0; r < 32; ++r, gp += x.rs) xg[r] = ld_row(gp, 8 * m0 + r < x.n);
+      for (int r = 0; r < 32; ++r, gp += x.rs) xg[r] = ld_row(gp, 8 * m0 + r < x.n) * kGScale;
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
 #pragma unroll
@@ -504,7 +511,7 @@ __global__ void __launch_bounds__(NT, 3)
         Gk[(m0 + m) * DK + tid] = acc;
       }
     }
-    scr[OFF_DC + tid] = __float_as_uint(__expf(acc));
+    scr[OFF_DC + tid] = __float_as_uint(KDA_PRE_LOG2 ? exp_g(acc) : __expf(acc));
   } else if (tid < DK + C) {
     const int i = tid - DK;
     sm[BE + i] = i < x.n ? __ldg(p.beta + size_t(pos.t0 + i) * H + h) : 0.f;
