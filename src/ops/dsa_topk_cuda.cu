@@ -10,8 +10,8 @@
 //   smem atomic a digit, a group without one, most of them after two passes, costs a vote), one barrier
 //   (the cluster's, release / acquire, where C > 1: a GPU-scope fence each, so the only ones), every CTA
 //   sums the C histograms through distributed shared memory (and, apart, those of the lower ranks), warp 0
-//   finds the digit b* holding the remaining-th largest key and adds b* to the prefix. Histograms alternate between two buffers, so no
-//   second barrier guards their reuse.
+//   finds the digit b* holding the remaining-th largest key and adds b* to the prefix. Histograms alternate
+//   between two buffers, so no second barrier guards their reuse.
 // After 4 passes the prefix is T, the topk-th largest key; need = how many keys == T to take; the lower
 // ranks' counts of keys > T (the sum over passes of their keys above each pass's digit) and == T (their last
 // histogram at T) came with the merges. Every CTA writes its selected positions in order with a block scan:
@@ -79,8 +79,8 @@ struct ChunkKeys {
 // consecutive keys an iteration (4 independent loads a lane); a group of 32 with no key under the prefix
 // (most of them after the first two passes) skips its match and atomics.
 template <bool kStaged>
-__device__ __forceinline__ void histogram(const ChunkKeys<kStaged>& key, int m, uint32_t prefix, uint32_t mask,
-                                          int shift, uint32_t* hist) {
+__device__ __forceinline__ void histogram(const ChunkKeys<kStaged>& key, int m, uint32_t prefix,
+                                          uint32_t mask, int shift, uint32_t* hist) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int j0 = warp * 128; j0 < m; j0 += 4 * kThreads) {  // warp-uniform: every lane takes part in the match
     uint32_t bin[4];
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, kStaged ? 3 : 2) topk_kernel(DsaTopk
   }
   const int64_t chunk = (n + C - 1) / C;
   const int64_t lo = std::min<int64_t>(n, rank * chunk), hi = std::min<int64_t>(n, lo + chunk);
-  const int m = int(hi - lo);  // n < 2^31 (row_len is int32)
+  const int m = int(hi - lo);                               // n < 2^31 (row_len is int32)
   const float* score = p.score + int64_t(row) * p.ld + lo;  // score[j] = score of position lo + j
   uint32_t* skey = reinterpret_cast<uint32_t*>(staged_u4);
   if constexpr (kStaged) {
@@ -259,8 +259,10 @@ int max_cluster() {
   K3_CUDA_ASSERT(cudaFuncSetAttribute(topk_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       int(kStageKeys * sizeof(uint32_t))));
   int best = 8;
-  if (cudaFuncSetAttribute(topk_kernel<true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
-      cudaFuncSetAttribute(topk_kernel<false>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+  if (cudaFuncSetAttribute(topk_kernel<true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+          cudaSuccess &&
+      cudaFuncSetAttribute(topk_kernel<false>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+          cudaSuccess) {
     DsaTopkParams one;
     one.n_row = 1;
     cudaLaunchAttribute attr[1];

@@ -29,7 +29,7 @@
 #ifndef KDA_PRE_INTRA_V
 #define KDA_PRE_INTRA_V 2
 #endif
-#ifndef KDA_PRE_EXP_FTZ  // 1 since session 18 (H100: every fp64 check equal to the printed digits, pre-pass
+#ifndef KDA_PRE_EXP_FTZ    // 1 since session 18 (H100: every fp64 check equal to the printed digits, pre-pass
 #define KDA_PRE_EXP_FTZ 1  // T = 8192 1.413 -> 1.358 ms); 0: __expf
 #endif
 

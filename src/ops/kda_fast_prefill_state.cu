@@ -65,9 +65,9 @@ template <int VB>
 struct StateSmem {
   static constexpr int LD = kLdsm ? DK + 4 : VB + 8;  // S (K = 128)
   static constexpr int LDV = kLdsm ? C + 4 : VB + 8;  // V', beta V (K = 64)
-  uint32_t S[kLdsm ? VB * LD : DK * LD];               // tf32 copy of the state slice
-  uint32_t Vp[kLdsm ? VB * LDV : C * LDV];             // V' (tf32)
-  uint32_t bV[kLdsm ? VB * LDV : C * LDV];             // beta v, this CTA's columns (tf32)
+  uint32_t S[kLdsm ? VB * LD : DK * LD];              // tf32 copy of the state slice
+  uint32_t Vp[kLdsm ? VB * LDV : C * LDV];            // V' (tf32)
+  uint32_t bV[kLdsm ? VB * LDV : C * LDV];            // beta v, this CTA's columns (tf32)
 };
 // Word of B element (k, n) in either layout.
 __device__ __forceinline__ int b_at(int k, int n, int ld) {
@@ -75,7 +75,8 @@ __device__ __forceinline__ int b_at(int k, int n, int ld) {
 }
 // acc (16 x 8 NTL) += A (one 16-wide k-step, packed fp16 pairs) B[k0 .. k0 + 16, :] from shared memory.
 template <int NTL>
-__device__ __forceinline__ void mma_b16(float (&acc)[NTL][4], const uint4& a, const uint32_t* X, int ld, int k0) {
+__device__ __forceinline__ void mma_b16(float (&acc)[NTL][4], const uint4& a, const uint32_t* X, int ld,
+                                        int k0) {
   if constexpr (!kLdsm) {
     mma_k16(acc, a, X, ld, k0);
   } else {
@@ -191,7 +192,8 @@ __global__ void __launch_bounds__(NT, KDA_STATE_MIN_BLOCKS)
     const uint4* Kt = reinterpret_cast<const uint4*>(scr + OFF_KT);
     auto load_tf = [&] {
 #pragma unroll
-      for (int pp = 0; pp < 4; ++pp) tf[pp] = pp <= mt ? ld4(TA + frag_at(mt, pp, 4, lane)) : make_uint4(0, 0, 0, 0);
+      for (int pp = 0; pp < 4; ++pp)
+        tf[pp] = pp <= mt ? ld4(TA + frag_at(mt, pp, 4, lane)) : make_uint4(0, 0, 0, 0);
     };
     auto load_kf = [&] {
 #pragma unroll
@@ -202,7 +204,8 @@ __global__ void __launch_bounds__(NT, KDA_STATE_MIN_BLOCKS)
 #pragma unroll
     for (int j = 0; j < NTL; ++j)
 #pragma unroll
-      for (int c2 = 0; c2 < 4; ++c2) sm.S[b_at(d0 + g + 8 * (c2 >> 1), 8 * j + 2 * t + (c2 & 1), LD)] = to_tf32(sacc[j][c2]);
+      for (int c2 = 0; c2 < 4; ++c2)
+        sm.S[b_at(d0 + g + 8 * (c2 >> 1), 8 * j + 2 * t + (c2 & 1), LD)] = to_tf32(sacc[j][c2]);
 #pragma unroll
     for (int m = 0; m < VRegs<VB>::N; ++m) {
       const int e = tid + NT * m, i = e / (VB / 8), c8 = e % (VB / 8);
@@ -211,7 +214,8 @@ __global__ void __launch_bounds__(NT, KDA_STATE_MIN_BLOCKS)
 #pragma unroll
         for (int x = 0; x < 4; ++x) {
           sm.bV[b_at(i, 8 * c8 + 2 * x, LDV)] = to_tf32(vin.beta[m] * __uint_as_float(w[x] << 16));
-          sm.bV[b_at(i, 8 * c8 + 2 * x + 1, LDV)] = to_tf32(vin.beta[m] * __uint_as_float(w[x] & 0xffff0000u));
+          sm.bV[b_at(i, 8 * c8 + 2 * x + 1, LDV)] =
+              to_tf32(vin.beta[m] * __uint_as_float(w[x] & 0xffff0000u));
         }
       }
     }
@@ -245,7 +249,8 @@ __global__ void __launch_bounds__(NT, KDA_STATE_MIN_BLOCKS)
 #pragma unroll
       for (int j = 0; j < NTL; ++j)
 #pragma unroll
-        for (int c2 = 0; c2 < 4; ++c2) sm.Vp[b_at(16 * mt + g + 8 * (c2 >> 1), 8 * j + 2 * t + (c2 & 1), LDV)] = to_tf32(acc[j][c2]);
+        for (int c2 = 0; c2 < 4; ++c2)
+          sm.Vp[b_at(16 * mt + g + 8 * (c2 >> 1), 8 * j + 2 * t + (c2 & 1), LDV)] = to_tf32(acc[j][c2]);
     }
     __syncthreads();
     // 2. O += A V' (A is lower triangular: k-step pairs <= mt); S <- exp(G_C) S + Kd^T V'.
