@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "core/env.h"
 #include "ops/cuda_util.cuh"
 #include "ops/dsa_topk.h"
 
@@ -36,6 +37,7 @@ constexpr int kItems = 8;                 // consecutive keys per thread in the 
 constexpr int kTile = kThreads * kItems;  // <= 65535: two 16-bit counts packed in one scan value
 constexpr int64_t kMinKeysPerCta = 2048;  // the automatic cluster size splits rows no finer than this
 constexpr int kResidentPerSm = 3;         // staged kernel's CTAs an SM (40 registers, 512 threads, 64 KB)
+constexpr int64_t kKeysPerCta = 8192;     // the default rule: ceil(max_len / this) CTAs a row
 constexpr int kMaxCluster = 16;           // non-portable above 8: checked once per device, else 8
 constexpr int kStageKeys = 16384;         // a CTA's chunk up to this long is staged in shared memory (64 KB)
 
@@ -281,8 +283,12 @@ int max_cluster() {
 // (kResidentPerSm x SMs over the rows), a power of two, no finer than kMinKeysPerCta keys a CTA, and at
 // least enough that a chunk fits the staged kernel. Chosen from forced counts timed on an H100 (session 18,
 // bench_dsa *_topk_cN_us): best at b1 8K / 32K / 128K = 4 / 8-16 / 16, at b64 = 2-4 / 4 / 8; the earlier
-// rule ceil(max_len / 8192) gave 1 / 4 / 16 at both batches.
+// rule ceil(max_len / 8192) gave 1 / 4 / 16 at both batches. Opt-in (K3_DSA_TOPK_FILL=1) until a GPU run
+// has checked the results at the counts it picks (2 and 4 on staged rows: tools/test-ops cases_dsa.cpp) and
+// timed it as the default; the earlier rule stays the default.
 int auto_cluster(const DsaTopkParams& p, int c_max) {
+  static const bool fill_rule = env_switch("K3_DSA_TOPK_FILL", false);
+  if (!fill_rule) return int(std::clamp<int64_t>((p.max_len + kKeysPerCta - 1) / kKeysPerCta, 1, c_max));
   static std::atomic<int> sms[64] = {};
   int dev = 0;
   K3_CUDA_ASSERT(cudaGetDevice(&dev));

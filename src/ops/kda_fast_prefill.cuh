@@ -74,12 +74,21 @@ __device__ __forceinline__ void unpack_a(const uint4& u, uint32_t (&a0)[4], uint
   }
 }
 
-// tf32 rounding, nearest with ties away from zero (cvt.rna.tf32.f32's result, and the host emulation's
-// tf32()), as one add and one mask: equal for every finite x below 2^128 (1 - 2^-11), which every operand
-// here is (bounded by the contract). cvt.rna costs three SASS instructions on sm_90 (a finiteness test, a
-// predicated add, the mask).
+// tf32 rounding, nearest with ties away from zero: cvt.rna.tf32.f32 (three SASS instructions on sm_90: a
+// finiteness test, a predicated add, the mask), or with KDA_TF32_ADD_MASK=1 one add and one mask, the host
+// emulation's tf32(): equal for every finite x below 2^128 (1 - 2^-11), which every operand here is (bounded
+// by the contract); the pre-pass loses 320 of its 5512 static instructions. Opt-in until a GPU run checks it.
+#ifndef KDA_TF32_ADD_MASK
+#define KDA_TF32_ADD_MASK 0
+#endif
 __device__ __forceinline__ uint32_t to_tf32(float x) {
+#if KDA_TF32_ADD_MASK
   return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+#else
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+#endif
 }
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm volatile(

@@ -274,6 +274,8 @@ K3_OP_CASES(dsa_cases) {
   add_topk(cases, 2048, {100000}, 0, 0, Law::few_levels, 3);
   add_topk(cases, 2048, {100000, 33}, 0, 0, Law::normal, 8);
   add_topk(cases, 2048, {131072, 70001, 8192}, 0, 0, Law::normal, 16);  // staged chunks of <= 8192
+  add_topk(cases, 2048, {8192, 5000}, 0, 0, Law::normal, 4);            // K3_DSA_TOPK_FILL's b1 x 8K count
+  add_topk(cases, 2048, {8192, 3000, 2049}, 0, 0, Law::few_levels, 2);  // and its b64 x 8K one
   add_topk(cases, 2048, {131072, 2100}, 0, 0, Law::few_levels);
   add_topk(cases, 8, {}, 1, 40, Law::few_levels);  // tiny-k31 topk
   add_topk(cases, 2048, {1 << 20}, 0, 0, Law::few_levels);
