@@ -289,15 +289,7 @@ int max_cluster() {
 int auto_cluster(const DsaTopkParams& p, int c_max) {
   static const bool fill_rule = env_switch("K3_DSA_TOPK_FILL", false);
   if (!fill_rule) return int(std::clamp<int64_t>((p.max_len + kKeysPerCta - 1) / kKeysPerCta, 1, c_max));
-  static std::atomic<int> sms[64] = {};
-  int dev = 0;
-  K3_CUDA_ASSERT(cudaGetDevice(&dev));
-  int n_sm = dev < 64 ? sms[dev].load() : 0;
-  if (n_sm == 0) {
-    K3_CUDA_ASSERT(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    if (dev < 64) sms[dev] = n_sm;
-  }
-  const int64_t fill = std::max<int64_t>(1, int64_t(kResidentPerSm) * n_sm / p.n_row);
+  const int64_t fill = std::max<int64_t>(1, int64_t(kResidentPerSm) * cuda_ops::device_sm_count() / p.n_row);
   const int64_t fine = (p.max_len + kMinKeysPerCta - 1) / kMinKeysPerCta;
   int64_t c = 1;
   while (2 * c <= std::min(fill, fine)) c *= 2;

@@ -243,8 +243,17 @@ __device__ inline void update_state(Smem& sm, float4* Ss, float sq, float sk, fl
     Ss[a * (DV / 4) + lane] = s;
   }
   reinterpret_cast<float4*>(sm.red[1][warp])[lane] = part;
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the new state, visible to the bulk store
+  fence_proxy_async();  // the new state, visible to the bulk store
   __syncthreads();
+}
+
+// The 64 KB state Sg -> dst as 4 bulk copies of 16 KB completing on mbarrier bar (thread 0).
+__device__ inline void bulk_load_state(const float* Sg, float4* dst, uint32_t bar) {
+  mbar_expect_tx(bar, kStateBytes);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    bulk_g2s(smem_addr(dst) + i * (kStateBytes / 4),
+             reinterpret_cast<const char*>(Sg) + i * (kStateBytes / 4), kStateBytes / 4, bar);
 }
 
 __global__ void __launch_bounds__(NT, KDA_DECODE_CTAS) kda_decode_kernel(const KdaDecodeParams p) {
@@ -254,17 +263,10 @@ __global__ void __launch_bounds__(NT, KDA_DECODE_CTAS) kda_decode_kernel(const K
   float* Sg = state_of(p, h, b);
   const uint32_t bar = smem_addr(&sm.bar);
   if (tid == 0) {  // the state load first: 4 bulk copies of 16 KB completing on one mbarrier
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar));
-    asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(kStateBytes)
-                 : "memory");
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      asm volatile(
-          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-              smem_addr(Ss) + i * (kStateBytes / 4)),
-          "l"(reinterpret_cast<const char*>(Sg) + i * (kStateBytes / 4)), "r"(kStateBytes / 4), "r"(bar)
-          : "memory");
+    mbar_init(bar, 1);
+    fence_mbar_init();
+    fence_proxy_async();
+    bulk_load_state(Sg, Ss, bar);
   }
   const float2 go = prologue(p, sm, h, b, conv_of(p, b));  // (its barriers publish the mbarrier init)
   const float sq = sm.scal[0], sk = sm.scal[1], beta = sm.scal[2];
@@ -292,18 +294,6 @@ __global__ void __launch_bounds__(NT, KDA_DECODE_CTAS) kda_decode_kernel(const K
 // (K3_KDA_DECODE_TMA=2).
 constexpr int kRing = 3;
 
-__device__ inline void bulk_load_state(const float* Sg, float4* dst, uint32_t bar) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(kStateBytes)
-               : "memory");
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-            smem_addr(dst) + i * (kStateBytes / 4)),
-        "l"(reinterpret_cast<const char*>(Sg) + i * (kStateBytes / 4)), "r"(kStateBytes / 4), "r"(bar)
-        : "memory");
-}
-
 __global__ void __launch_bounds__(NT, 1) kda_decode_ring_kernel(const KdaDecodeParams p) {
   extern __shared__ __align__(128) float4 ring[];  // [kRing][DK][DV / 4]
   __shared__ Smem sm;
@@ -313,9 +303,9 @@ __global__ void __launch_bounds__(NT, 1) kda_decode_ring_kernel(const KdaDecodeP
   auto item = [&](int k) { return int(blockIdx.x) + k * int(gridDim.x); };  // item i: head i % H, seq i / H
   auto buf = [&](int k) { return ring + size_t(k % kRing) * (DK * DV / 4); };
   if (tid == 0) {
-    for (int r = 0; r < kRing; ++r)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[r])));
-    asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
+    for (int r = 0; r < kRing; ++r) mbar_init(smem_addr(&bars[r]), 1);
+    fence_mbar_init();
+    fence_proxy_async();
     for (int k = 0; k < kRing - 1; ++k)
       if (item(k) < n_items)
         bulk_load_state(state_of(p, item(k) % H, item(k) / H), buf(k), smem_addr(&bars[k % kRing]));
