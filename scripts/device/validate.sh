@@ -18,7 +18,8 @@
 #      DSA_ENVS="K3_X=1 ..." runs it again under each setting); mla_bench: bench_mla_decode (checks against fp64,
 #      then every decode kernel's timings; MLA_ENVS="K3_X=1,K3_MLA_BENCH_ONLY=b64 ..." again under each; then
 #      the probe builds bench_mla_decode_probeN packed from MLA_PROBES="1 2 3" bench/mla_cuda/build.sh);
-#      ncu_mla: Nsight Compute over the heads-as-N MLA decode kernel; ncu_kda: over the KDA prefill's pre-pass
+#      ncu_mla: Nsight Compute over the heads-as-N MLA decode kernel; ncu_dsa: over the indexer and top-k
+#      (NCU_DSA_SRC=1: top-k's source page as csv); ncu_kda: over the KDA prefill's pre-pass
 #      and state walk (bench_kda prefill, T = 2048), whole reports in $OUT/validate/ncu_kda_*.txt;
 #   7. ncu_step: Nsight Compute over one eager K3 decode step (bench_slice --profile-step) at B = 1 and 64,
 #      T = 4K: every kernel's time and DRAM bytes, summed by kernel (scripts/device/ncu_step.py).
@@ -130,6 +131,17 @@ bench_envs() {
     echo "rc=$?"
     grep -E 'index_kernel|topk_kernel|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|No Eligible' \
       "$out/ncu_dsa.txt" | cut -c1-150 | head -90
+    if [ -n "${NCU_DSA_SRC:-}" ]; then  # top-k's source page (csv): b1 x 8K (launch 0), b64 x 128K (launch 6)
+      for sk in 0 6; do
+        timeout "${NCU_BUDGET:-60}" ncu --kernel-name regex:topk_kernel --launch-skip $sk --launch-count 1 \
+          --clock-control none --section SourceCounters --section InstructionStats --section WarpStateStats \
+          --import-source yes -f -o "$out/ncu_src_topk$sk" "$B/bench_dsa" /dev/null x profile >/dev/null 2>&1
+        timeout 60 ncu -i "$out/ncu_src_topk$sk.ncu-rep" --page source --csv --print-source sass \
+          >"$out/ncu_sass_topk$sk.csv" 2>&1
+        echo "top-k source page (launch $sk) rc=$? ($(wc -l <"$out/ncu_sass_topk$sk.csv") lines)"
+        rm -f "$out/ncu_src_topk$sk.ncu-rep"
+      done
+    fi
   fi
   if on mla_bench; then  # bench_mla_decode: its checks against fp64, then every decode kernel's timings
     echo "== bench_mla_decode ($(el))"
