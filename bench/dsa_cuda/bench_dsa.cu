@@ -302,14 +302,29 @@ int main(int argc, char** argv) {
     CK(cudaStreamSynchronize(g.stream));
     std::vector<float> hs = down(score, size_t(B) * kMax);
     std::vector<int32_t> got = down_i(sel, size_t(B) * kTopk), ref(got.size()), hl(size_t(B), kMax);
-    t.score = hs.data(), t.row_len = hl.data(), t.sel = ref.data();
-    dsa_topk_ref(t);
+    DsaTopkParams r = t;
+    r.score = hs.data(), r.row_len = hl.data(), r.sel = ref.data();
+    dsa_topk_ref(r);
     check(got == ref, "top-2048 of 64 rows x 128K = reference set");
+    for (int64_t n : {int64_t(kMax), int64_t(8192)}) {  // the sample kernel: its candidate path, then staged
+      DsaTopkParams ts = t;
+      ts.kernel = DsaTopkKernel::sample, ts.max_len = n;
+      set_lens(int(n));
+      CK(cudaMemset(sel, 0xff, size_t(B) * kTopk * 4));
+      dsa_topk_cuda(ts, g);
+      CK(cudaStreamSynchronize(g.stream));
+      got = down_i(sel, size_t(B) * kTopk);
+      std::fill(hl.begin(), hl.end(), int32_t(n));
+      r.max_len = n;
+      dsa_topk_ref(r);
+      check(got == ref, "sample kernel: top-2048 of 64 rows x " + std::to_string(n) + " = reference set");
+    }
+    set_lens(kMax);
   }
 
   // ---- timing
   const float* q0 = q;
-  std::vector<double> topk_us_b1, topk_us_b64, sum_us_b1, sum_us_b64;
+  std::vector<double> topk_us_b1, topk_us_b64, sum_us_b1, sum_us_b64, sample_sum_b1, sample_sum_b64;
   MlaSparseParams sp;
   uint16_t *latent = nullptr, *qm = nullptr;
   float* out = nullptr;
@@ -404,6 +419,10 @@ int main(int argc, char** argv) {
         emit(tag + "_topk_c" + std::to_string(c) + "_us", graph_us(g, [&](int) { dsa_topk_cuda(tc, g); }),
              "us");
       }
+      DsaTopkParams ts = t;  // the one-CTA sample-select kernel (dsa_topk_sample_cuda.cu)
+      ts.kernel = DsaTopkKernel::sample;
+      const double tks = graph_us(g, [&](int) { dsa_topk_cuda(ts, g); });
+      emit(tag + "_topk_sample_us", tks, "us");
       (nb == 1 ? topk_us_b1 : topk_us_b64).push_back(tk);
       const double tk8 = (nb == 1 ? topk_us_b1 : topk_us_b64).front();
       emit_met(tag + "_topk_us", tk, "us", "top-k us at 8K", tk8, "flat in context (<= 1.3x the 8K time)",
@@ -428,6 +447,11 @@ int main(int argc, char** argv) {
       const double sum8 = (nb == 1 ? sum_us_b1 : sum_us_b64).front();
       emit_met(tag + "_topk_sparse_mla_us", tk + ms, "us", "top-k + sparse MLA us at 8K", sum8,
                "top-2048 + sparse MLA cost flat in context (<= 1.3x the 8K time)", tk + ms <= 1.3 * sum8);
+      (nb == 1 ? sample_sum_b1 : sample_sum_b64).push_back(tks + ms);
+      const double sample8 = (nb == 1 ? sample_sum_b1 : sample_sum_b64).front();
+      emit_met(tag + "_topk_sample_sparse_mla_us", tks + ms, "us",
+               "top-k (sample kernel) + sparse MLA us at 8K", sample8,
+               "top-2048 + sparse MLA cost flat in context (<= 1.3x the 8K time)", tks + ms <= 1.3 * sample8);
     }
   }
   {  // sparse MLA check: query 0 (the last selection: 64 x 128K), heads all, against the fp64 reference

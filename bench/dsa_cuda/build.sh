@@ -6,7 +6,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-$here/build-dsa/bench}
 mkdir -p "$out/obj"
-srcs=("$here/bench/dsa_cuda/bench_dsa.cu" "$here"/src/ops/dsa_*.c* "$here"/src/ops/mla_sparse_*.c*
+srcs=("$here/bench/dsa_cuda/bench_dsa.cu" "$here"/src/ops/dsa_*.cu "$here"/src/ops/dsa_*.cpp "$here"/src/ops/mla_sparse_*.c*
       "$here"/src/ops/mla_decode*.cu "$here/src/ops/mla_decode_ref.cpp" "$here/src/core/dtype.cpp"
       "$here/src/core/env.cpp" "$here/src/core/log.cpp")
 objs=()

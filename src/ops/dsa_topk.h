@@ -13,7 +13,11 @@
 // A row is split over a thread-block cluster of up to 16 CTAs (8 where the device refuses the non-portable
 // size; histograms merged through distributed shared memory), each CTA's chunk of up to 16384 scores staged
 // once in shared memory; one launch, no host decision on device data (CUDA-graph safe); max_len only sizes
-// the cluster.
+// the cluster. DsaTopkKernel::sample (K3_DSA_TOPK_SAMPLE=1 makes it the automatic choice; opt-in until a GPU
+// run has checked and timed it) is one CTA a row instead: a bound from 4096 evenly spaced scores, one read of
+// the row keeping the keys above it (about 4096, in position order, in shared memory), and the same radix
+// select over those alone; where they are fewer than topk or more than 8192 (many equal scores), over the
+// whole row (dsa_topk_sample_cuda.cu). topk <= kDsaTopkSampleMaxK.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +26,9 @@
 #include "core/status.h"
 
 namespace k3 {
+
+enum class DsaTopkKernel { automatic, cluster, sample };
+constexpr int kDsaTopkSampleMaxK = 2048;
 
 struct DsaTopkParams {
   int n_row = 0;
@@ -33,6 +40,7 @@ struct DsaTopkParams {
   int64_t max_len = 0;     // host bound on every n_i (<= ld)
   int32_t* sel = nullptr;  // [n_row, topk]
   int cluster = 0;         // cuda: CTAs per row (1..16, clamped to the device's limit), 0 = from max_len
+  DsaTopkKernel kernel = DsaTopkKernel::automatic;  // cuda: which kernel (cluster > 0: the cluster kernel)
 };
 
 // Shape checks (no pointer is dereferenced).

@@ -18,7 +18,6 @@
 // slot(s) = #greater before s + min(#equal before s, need). A relaxed cluster arrive after the last merge
 // and a wait at the end keep every CTA's histograms alive while peers read them.
 #include <cooperative_groups.h>
-#include <cub/block/block_scan.cuh>
 
 #include <algorithm>
 #include <atomic>
@@ -26,35 +25,19 @@
 #include "core/env.h"
 #include "ops/cuda_util.cuh"
 #include "ops/dsa_topk.h"
+#include "ops/dsa_topk_cuda.cuh"
 
 namespace k3 {
 namespace {
 
 namespace cg = cooperative_groups;
+using namespace topk_detail;
 
-constexpr int kThreads = 512;
-constexpr int kItems = 8;                 // consecutive keys per thread in the compaction pass
-constexpr int kTile = kThreads * kItems;  // <= 65535: two 16-bit counts packed in one scan value
 constexpr int64_t kMinKeysPerCta = 2048;  // the automatic cluster size splits rows no finer than this
 constexpr int kResidentPerSm = 3;         // staged kernel's CTAs an SM (40 registers, 512 threads, 64 KB)
 constexpr int64_t kKeysPerCta = 8192;     // the default rule: ceil(max_len / this) CTAs a row
 constexpr int kMaxCluster = 16;           // non-portable above 8: checked once per device, else 8
 constexpr int kStageKeys = 16384;         // a CTA's chunk up to this long is staged in shared memory (64 KB)
-
-__device__ __forceinline__ uint32_t order_key(float f) {
-  if (f == 0.f) f = 0.f;  // -0 ties with +0, as the float comparison says
-  const uint32_t u = __float_as_uint(f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-struct TopkShared {
-  // this CTA's histogram of pass p in hist[p % 2] (read by the cluster until pass p + 1)
-  uint32_t hist[2][256];
-  uint32_t merged[256];         // the cluster's histogram of this pass
-  uint32_t lower[256];          // the part of it from the CTAs of lower rank (their chunks precede this one)
-  uint32_t digit, above;        // pass result: chosen digit, merged count of keys above it
-  uint32_t gt_lower, eq_lower;  // keys of the lower ranks' chunks > T (this pass), == T (the last pass)
-};
 
 __device__ __forceinline__ void cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
@@ -63,54 +46,13 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
-// A CTA's keys: the order keys of its chunk staged in shared memory, or the row's scores in global memory
-// (converted at every read). j is the offset in the chunk.
-template <bool kStaged>
-struct ChunkKeys {
-  const uint32_t* staged;
-  const float* score;
-  __device__ __forceinline__ uint32_t operator()(int j) const {
-    if constexpr (kStaged)
-      return staged[j];
-    else
-      return order_key(__ldg(score + j));
-  }
-};
-
-// One histogram pass over the chunk: hist[digit] += #keys k with (k & mask) == prefix. A warp takes 4 x 32
-// consecutive keys an iteration (4 independent loads a lane); a group of 32 with no key under the prefix
-// (most of them after the first two passes) skips its match and atomics.
-template <bool kStaged>
-__device__ __forceinline__ void histogram(const ChunkKeys<kStaged>& key, int m, uint32_t prefix,
-                                          uint32_t mask, int shift, uint32_t* hist) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int j0 = warp * 128; j0 < m; j0 += 4 * kThreads) {  // warp-uniform: every lane takes part in the match
-    uint32_t bin[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int j = j0 + 32 * u + lane;
-      bin[u] = 256u;
-      if (j < m) {
-        const uint32_t k = key(j);
-        if ((k & mask) == prefix) bin[u] = (k >> shift) & 255u;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      if (!__any_sync(0xffffffffu, bin[u] != 256u)) continue;
-      const unsigned same = __match_any_sync(0xffffffffu, bin[u]);
-      if (bin[u] != 256u && lane == __ffs(same) - 1) atomicAdd(&hist[bin[u]], uint32_t(__popc(same)));
-    }
-  }
-}
-
 template <bool kStaged>
 __global__ void __launch_bounds__(kThreads, kStaged ? 3 : 2) topk_kernel(DsaTopkParams p) {
   cg::cluster_group cluster = cg::this_cluster();
   const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   const int row = int(blockIdx.x) / C;
   __shared__ TopkShared sh;
-  __shared__ typename cub::BlockScan<uint32_t, kThreads>::TempStorage scan_tmp;
+  __shared__ typename Scan::TempStorage scan_tmp;
   extern __shared__ uint4 staged_u4[];  // kStaged: [chunk] order keys of this CTA's chunk
   const int tid = threadIdx.x, warp = tid >> 5;
   const int64_t n = p.row_len ? int64_t(p.row_len[row]) : p.len0 + row;
@@ -135,7 +77,12 @@ __global__ void __launch_bounds__(kThreads, kStaged ? 3 : 2) topk_kernel(DsaTopk
         if (j0 + u * kThreads < m) skey[j0 + u * kThreads] = order_key(v[u]);
     }
   }
-  const ChunkKeys<kStaged> key{skey, score};
+  const auto key = [&] {
+    if constexpr (kStaged)
+      return SmemKeys{skey};
+    else
+      return GlobalKeys{score};
+  }();
 
   // Pass p: a barrier between the histogram and its merge (a cluster barrier with release / acquire where
   // C > 1: the only ones in the kernel); the histograms alternate between two buffers, so the next pass may
@@ -163,21 +110,7 @@ __global__ void __launch_bounds__(kThreads, kStaged ? 3 : 2) topk_kernel(DsaTopk
     __syncthreads();
     if (warp == 0) {
       const int lane = tid & 31;
-      // lane l owns bins 255 - 8l .. 248 - 8l (descending); inclusive scan from the top
-      uint32_t own = 0;
-      for (int j = 0; j < 8; ++j) own += sh.merged[255 - 8 * lane - j];
-      uint32_t incl = own;
-      for (int o = 1; o < 32; o <<= 1) {
-        const uint32_t v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
-      }
-      const uint32_t excl = incl - own;
-      if (excl < remaining && remaining <= incl) {  // exactly one lane
-        uint32_t above = excl;
-        int d = 255 - 8 * lane;
-        while (above + sh.merged[d] < remaining) above += sh.merged[d--];
-        sh.digit = uint32_t(d), sh.above = above;
-      }
+      pick_digit(sh.merged, remaining, lane, sh);
       __syncwarp();
       const uint32_t d = sh.digit;
       uint32_t gl = 0;  // the lower ranks' keys above the digit
@@ -198,43 +131,9 @@ __global__ void __launch_bounds__(kThreads, kStaged ? 3 : 2) topk_kernel(DsaTopk
     gt_lower += sh.gt_lower;
   }
   const uint32_t T = prefix, need = remaining;
-  uint32_t gt_before = gt_lower, eq_before = sh.eq_lower;
 
-  using Scan = cub::BlockScan<uint32_t, kThreads>;
-  for (int t0 = 0; t0 < m; t0 += kTile) {
-    const int j0 = t0 + tid * kItems;
-    uint32_t k[kItems], packed = 0;
-    if (kStaged && j0 + kItems <= m) {  // two 16-byte reads (j0 is a multiple of 8)
-      const uint4 a = staged_u4[j0 / 4], b = staged_u4[j0 / 4 + 1];
-      k[0] = a.x, k[1] = a.y, k[2] = a.z, k[3] = a.w, k[4] = b.x, k[5] = b.y, k[6] = b.z, k[7] = b.w;
-    } else {
-#pragma unroll
-      for (int j = 0; j < kItems; ++j) k[j] = j0 + j < m ? key(j0 + j) : 0u;
-    }
-#pragma unroll
-    for (int j = 0; j < kItems; ++j) {
-      packed += (j0 + j < m && k[j] > T) ? 1u : 0u;
-      packed += (j0 + j < m && k[j] == T) ? 0x10000u : 0u;
-    }
-    uint32_t excl, total;
-    Scan(scan_tmp).ExclusiveSum(packed, excl, total);
-    uint32_t gt = gt_before + (excl & 0xFFFFu), eq = eq_before + (excl >> 16);
-#pragma unroll
-    for (int j = 0; j < kItems; ++j) {
-      if (j0 + j >= m) break;
-      const int32_t pos = int32_t(lo + j0 + j);
-      const uint32_t kj = kStaged ? key(j0 + j) : k[j];  // staged: read again, not kept across the scan
-      if (kj > T) {
-        out[gt + min(eq, need)] = pos;
-        ++gt;
-      } else if (kj == T) {
-        if (eq < need) out[gt + eq] = pos;
-        ++eq;
-      }
-    }
-    gt_before += total & 0xFFFFu, eq_before += total >> 16;
-    __syncthreads();  // scan_tmp reuse
-  }
+  const auto pos = [lo](int j) { return int32_t(lo + j); };
+  write_selected<kStaged>(key, staged_u4, pos, m, T, need, gt_lower, sh.eq_lower, out, scan_tmp);
   if (C > 1) cluster_wait();  // no CTA exits while a peer may still read its histograms
 }
 
@@ -302,6 +201,14 @@ int auto_cluster(const DsaTopkParams& p, int c_max) {
 void dsa_topk_cuda(const DsaTopkParams& p, GpuContext& g) {
   K3_ASSERT(dsa_topk_check(p).ok());
   if (p.n_row == 0) return;
+  static const bool sample_env = env_switch("K3_DSA_TOPK_SAMPLE", false);
+  const bool sample =
+      p.kernel == DsaTopkKernel::sample ||
+      (p.kernel == DsaTopkKernel::automatic && p.cluster == 0 && sample_env && p.topk <= kDsaTopkSampleMaxK);
+  if (sample) {
+    topk_sample_launch(p, g.stream);
+    return;
+  }
   const int c_max = max_cluster();
   const int C = p.cluster > 0 ? std::min(p.cluster, c_max) : auto_cluster(p, c_max);
   const int64_t chunk = (p.max_len + C - 1) / C;  // the longest chunk of any row

@@ -19,6 +19,10 @@ Status dsa_topk_check(const DsaTopkParams& p) {
   if (p.max_len > (int64_t(1) << 30))
     return error(Code::unsupported, "dsa_topk: rows longer than 2^30 (" + std::to_string(p.max_len) + ")");
   if (p.cluster < 0 || p.cluster > 16) return error(Code::invalid_argument, "dsa_topk: cluster must be 0..16");
+  if (p.kernel == DsaTopkKernel::sample && p.topk > kDsaTopkSampleMaxK)
+    return error(Code::unsupported,
+                 "dsa_topk: the sample kernel takes topk <= " + std::to_string(kDsaTopkSampleMaxK) +
+                     " (topk=" + std::to_string(p.topk) + ")");
   if (p.n_row > 0 && (!p.score || !p.sel)) return error(Code::invalid_argument, "dsa_topk: null pointer");
   return ok_status();
 }

@@ -6,7 +6,8 @@
 // lengths (1, 77, 2049, 3001) over shuffled pages, prefill rows with a causal edge, FP8 keys. Sparse MLA:
 // cases_dsa_sparse.cpp.
 // Top-k: exact equality of the selected sets with many ties (few distinct values, +0 / -0 mixed, whole rows
-// equal), rows at and around topk, forced cluster sizes, and a 1M-long row.
+// equal), rows at and around topk, forced cluster sizes, a 1M-long row, and the sample kernel
+// (DsaTopkKernel::sample) on each law.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -26,6 +27,7 @@ enum class Law { normal, few_levels, signed_zeros, all_equal };
 
 struct TopkState {
   int topk = 0, cluster = 0;
+  DsaTopkKernel kernel = DsaTopkKernel::automatic;
   std::vector<int32_t> lens;  // decode rows; empty: prefill rows len0 + i
   int64_t len0 = 0;
   int n_prefill = 0;
@@ -42,10 +44,10 @@ const char* law_name(Law l) {
 }
 
 void add_topk(CaseList& cases, int topk, std::vector<int32_t> lens, int64_t len0, int n_prefill, Law law,
-              int cluster = 0) {
+              int cluster = 0, DsaTopkKernel kernel = DsaTopkKernel::automatic) {
   auto st = std::make_shared<TopkState>();
   st->topk = topk, st->lens = lens, st->len0 = len0, st->n_prefill = n_prefill, st->law = law;
-  st->cluster = cluster;
+  st->cluster = cluster, st->kernel = kernel;
   std::string shape = "topk=" + std::to_string(topk) + " ";
   if (lens.empty()) {
     shape += "prefill len0=" + std::to_string(len0) + " rows=" + std::to_string(n_prefill);
@@ -54,6 +56,7 @@ void add_topk(CaseList& cases, int topk, std::vector<int32_t> lens, int64_t len0
     for (size_t i = 0; i < lens.size(); ++i) shape += (i ? "," : "") + std::to_string(lens[i]);
   }
   shape += std::string(" law=") + law_name(law) + " cluster=" + std::to_string(cluster);
+  if (kernel == DsaTopkKernel::sample) shape += " sample";
   cases.push_back(std::make_unique<FnCase>(
       "dsa_topk", shape, 0.0,
       [st](Rng& rng) {
@@ -84,7 +87,7 @@ void add_topk(CaseList& cases, int topk, std::vector<int32_t> lens, int64_t len0
         DsaTopkParams p;
         p.n_row = n_row, p.topk = st->topk, p.ld = st->ld, p.score = st->score.data();
         p.row_len = st->lens.empty() ? nullptr : st->lens.data();
-        p.len0 = st->len0, p.max_len = st->max_len, p.cluster = st->cluster;
+        p.len0 = st->len0, p.max_len = st->max_len, p.cluster = st->cluster, p.kernel = st->kernel;
         p.sel = ctx.out_i32(0, int64_t(n_row) * st->topk);
         K3_ASSERT(dsa_topk_check(p).ok());
         if (b != Backend::cuda) {
@@ -280,6 +283,17 @@ K3_OP_CASES(dsa_cases) {
   add_topk(cases, 8, {}, 1, 40, Law::few_levels);  // tiny-k31 topk
   add_topk(cases, 2048, {1 << 20}, 0, 0, Law::few_levels);
   add_topk(cases, 2048, {1 << 20}, 0, 0, Law::normal);
+  // the sample kernel: staged rows (<= 8192), candidate rows, the whole-row fallback (many equal scores)
+  constexpr DsaTopkKernel kSample = DsaTopkKernel::sample;
+  add_topk(cases, 2048, {1, 2047, 2048, 2049, 5000, 8192, 8193, 70001}, 0, 0, Law::normal, 0, kSample);
+  add_topk(cases, 2048, {131072, 9000, 40000}, 0, 0, Law::normal, 0, kSample);
+  add_topk(cases, 2048, {4097, 9000, 40000}, 0, 0, Law::few_levels, 0, kSample);
+  add_topk(cases, 2048, {6000, 2049, 131072}, 0, 0, Law::signed_zeros, 0, kSample);
+  add_topk(cases, 2048, {3000, 50000}, 0, 0, Law::all_equal, 0, kSample);
+  add_topk(cases, 2048, {}, 9000, 21, Law::normal, 0, kSample);
+  add_topk(cases, 8, {}, 1, 40, Law::few_levels, 0, kSample);
+  add_topk(cases, 100, {20000, 300000}, 0, 0, Law::normal, 0, kSample);
+  add_topk(cases, 2048, {1 << 20}, 0, 0, Law::normal, 0, kSample);
 }
 
 }  // namespace k3::opt
