@@ -9,11 +9,13 @@
 // exact_p (mla_decode.h): P is kept exact instead, as three bf16 pieces P = P_hi + P_mid + P_lo (3 x 8
 // significant bits hold fp32's 24, every piece an exact difference), and O += P_hi V + P_mid V + P_lo V:
 // three P V MMAs where one ran (264 MMAs a warp per tile instead of 136; not timed yet) and 9 KiB more
-// shared memory.
+// shared memory. K3_MLA_EXACT_PIECES=2 (read per call; a bench variant, not checked on a GPU yet): hi + mid
+// only, P to 16 significant bits (relative error <= 2^-17), 200 MMAs a warp per tile.
 #include <cuda_bf16.h>
 
 #include <cmath>
 
+#include "core/env.h"
 #include "ops/cuda_util.cuh"
 #include "ops/mla_decode_cuda.cuh"
 
@@ -55,7 +57,8 @@ __device__ __forceinline__ void load_tile(const MlaDecodeParams& p, int b, int t
 template <int kPieces>
 __global__ void __launch_bounds__(kMmaThreads, 1)
     mla_split_mma(MlaDecodeParams p, int n_split, int split_len, float* part_o, float* part_ml) {
-  static_assert(kPieces == 1 || kPieces == 3, "P rounded to bf16, or exact in three pieces");
+  static_assert(kPieces >= 1 && kPieces <= 3,
+                "P rounded to bf16, to 16 bits in two pieces, or exact in three");
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* q_s = reinterpret_cast<uint16_t*>(smem);                        // [32][kStride]
   uint16_t* k_s = q_s + kMmaHeads * kStride;                                // [2][64][kStride]
@@ -135,12 +138,14 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
         const __nv_bfloat16 pb = __float2bfloat16_rn(e);
         __nv_bfloat16* pp = reinterpret_cast<__nv_bfloat16*>(p_s) + r * kPStride + j * 8 + i;
         pp[0] = pb;
-        if constexpr (kPieces ==
-                      3) {  // e = hi + mid + lo exactly; the sum is the fp32 one, as attention_cpu's
+        if constexpr (kPieces >=
+                      2) {  // e = hi + mid + lo exactly; the sum is the fp32 one, as attention_cpu's
           const float r1 = e - __bfloat162float(pb);  // exact (Sterbenz), <= 16 significant bits
           const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
           pp[kMmaHeads * kPStride] = mid;
-          pp[2 * kMmaHeads * kPStride] = __float2bfloat16_rn(r1 - __bfloat162float(mid));  // <= 8 bits: exact
+          if constexpr (kPieces == 3)
+            pp[2 * kMmaHeads * kPStride] =
+                __float2bfloat16_rn(r1 - __bfloat162float(mid));  // <= 8 bits: exact
           sum += e;
         } else {
           sum += __bfloat162float(pb);
@@ -214,7 +219,9 @@ void launch_pieces(const MlaDecodeParams& p, const Split& s, float* part_o, floa
 
 void launch_split_mma(const MlaDecodeParams& p, const Split& s, float* part_o, float* part_ml,
                       cudaStream_t st) {
-  if (p.exact_p)
+  if (p.exact_p && env_value("K3_MLA_EXACT_PIECES") == "2")  // read per call (bench_dsa): P to 16 bits
+    launch_pieces<2>(p, s, part_o, part_ml, st);
+  else if (p.exact_p)
     launch_pieces<3>(p, s, part_o, part_ml, st);
   else
     launch_pieces<1>(p, s, part_o, part_ml, st);
