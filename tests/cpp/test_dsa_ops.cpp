@@ -2,8 +2,9 @@
 //   - the FP8 index-key encoder: every finite e4m3 code survives decode -> encode, midpoints round to even,
 //     large values saturate to 448; the store's scale makes max|k| land on 448
 //   - a host emulation of the CUDA radix top-k (same chunking over a cluster of CTAs, the same 4 digit
-//   passes,
-//     the same output-slot formula) equals the reference top-k on rows with heavy ties, +0/-0, and 1M entries
+//     passes, the same output-slot formula) equals the reference top-k on rows with heavy ties, +0/-0, and 1M
+//     entries; one of the sample-select kernel (its sample positions, bound and candidate rule) too, and it
+//     keeps its bound (the candidate path) on normal and position-rising rows up to 1M
 //   - FP8 vs bf16 index keys on the reference path: top-2048 overlap and score NMSE on random and structured
 //     keys (printed; the bounds are the values measured with these seeds, with margin)
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -192,6 +194,64 @@ TEST(DsaTopk, RadixEmulationEqualsReferenceWithTies) {
   }
 }
 
+// ---- host emulation of the sample-select kernel (dsa_topk_sample_cuda.cu; its constants) ----
+// Returns true where the row took the candidate path (the bound held), false for the whole-row fallback.
+bool sample_topk_row(const float* score, int64_t n, int topk, int32_t* out) {
+  constexpr int64_t kCand = 8192, kSamples = 4096;
+  if (n <= kCand) {
+    radix_topk_row(score, n, topk, 1, out);
+    return true;
+  }
+  std::vector<uint32_t> sample(static_cast<size_t>(kSamples));
+  for (int64_t s = 0; s < kSamples; ++s)
+    sample[size_t(s)] = order_key(score[(2 * s + 1) * n / (2 * kSamples)]);
+  const int64_t r = std::max<int64_t>(1, std::min<int64_t>(kSamples, (kSamples * kCand / 2 + n - 1) / n));
+  std::nth_element(sample.begin(), sample.begin() + (r - 1), sample.end(), std::greater<>());
+  const uint32_t L = sample[size_t(r - 1)] & 0xFFFF0000u;  // two radix passes: its top 16 bits
+  std::vector<float> cand;
+  std::vector<int32_t> pos;
+  for (int64_t j = 0; j < n; ++j)
+    if (order_key(score[j]) >= L) cand.push_back(score[j]), pos.push_back(int32_t(j));
+  if (int64_t(cand.size()) < topk || int64_t(cand.size()) > kCand) {
+    radix_topk_row(score, n, topk, 1, out);
+    return false;
+  }
+  radix_topk_row(cand.data(), int64_t(cand.size()), topk, 1, out);
+  for (int i = 0; i < topk; ++i) out[i] = pos[size_t(out[i])];
+  return true;
+}
+
+TEST(DsaTopk, SampleEmulationEqualsReferenceAndKeepsItsBound) {
+  std::mt19937_64 r(23);
+  const int topk = 2048;
+  struct Row {
+    int64_t n;
+    int law;          // 0 normal, 1 four levels, 2 rising with the position (recency), 3 one value
+    bool candidates;  // the path the kernel must take
+  };
+  for (Row row :
+       {Row{5000, 0, true}, Row{8193, 0, true}, Row{9000, 0, true}, Row{70001, 0, true}, Row{131072, 0, true},
+        Row{int64_t(1) << 20, 0, true}, Row{131072, 2, true}, Row{40000, 1, false}, Row{50000, 3, false}}) {
+    std::vector<float> s(size_t(row.n));
+    std::normal_distribution<float> nd;
+    for (size_t j = 0; j < s.size(); ++j) {
+      const float x = nd(r);
+      s[j] = row.law == 0   ? x
+             : row.law == 1 ? float(int(r() % 4)) - 1.f
+             : row.law == 2 ? 0.1f * x + 4.f * float(j) / float(row.n)
+                            : 1.25f;
+    }
+    std::vector<int32_t> got(topk), ref(topk);
+    const bool path = sample_topk_row(s.data(), row.n, topk, got.data());
+    DsaTopkParams p;
+    p.n_row = 1, p.topk = topk, p.ld = row.n, p.score = s.data(), p.len0 = row.n, p.max_len = row.n;
+    p.sel = ref.data();
+    dsa_topk_ref(p);
+    EXPECT_EQ(got, ref) << "n=" << row.n << " law=" << row.law;
+    EXPECT_EQ(path, row.candidates) << "n=" << row.n << " law=" << row.law;
+  }
+}
+
 TEST(DsaTopk, CheckRejectsBadShapes) {
   std::vector<float> score(10);
   std::vector<int32_t> sel(4);
@@ -206,6 +266,10 @@ TEST(DsaTopk, CheckRejectsBadShapes) {
   EXPECT_FALSE(dsa_topk_check(p).ok());
   p.topk = 4, p.max_len = 11;
   EXPECT_FALSE(dsa_topk_check(p).ok());  // max_len > ld
+  p.max_len = 10, p.kernel = DsaTopkKernel::sample;
+  EXPECT_TRUE(dsa_topk_check(p).ok());
+  p.topk = kDsaTopkSampleMaxK + 1;
+  EXPECT_FALSE(dsa_topk_check(p).ok());  // the sample kernel keeps 8192 candidates
 }
 
 TEST(DsaIndex, CheckRejectsBadShapes) {
