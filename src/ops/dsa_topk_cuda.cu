@@ -67,16 +67,7 @@ __global__ void __launch_bounds__(kThreads, kStaged ? 3 : 2) topk_kernel(DsaTopk
   const int m = int(hi - lo);                               // n < 2^31 (row_len is int32)
   const float* score = p.score + int64_t(row) * p.ld + lo;  // score[j] = score of position lo + j
   uint32_t* skey = reinterpret_cast<uint32_t*>(staged_u4);
-  if constexpr (kStaged) {
-    for (int j0 = tid; j0 < m; j0 += 8 * kThreads) {  // 8 loads in flight a thread
-      float v[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = j0 + u * kThreads < m ? __ldg(score + j0 + u * kThreads) : 0.f;
-#pragma unroll
-      for (int u = 0; u < 8; ++u)
-        if (j0 + u * kThreads < m) skey[j0 + u * kThreads] = order_key(v[u]);
-    }
-  }
+  if constexpr (kStaged) stage_keys(score, m, skey);
   const auto key = [&] {
     if constexpr (kStaged)
       return SmemKeys{skey};

@@ -133,14 +133,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_sample_kernel(DsaTopkParams 
   const uint32_t k = uint32_t(p.topk);
   if (n <= kCand) {  // every key a candidate
     const int m = int(n);
-    for (int j0 = tid; j0 < m; j0 += 8 * kThreads) {  // 8 loads in flight a thread
-      float v[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = j0 + u * kThreads < m ? __ldg(score + j0 + u * kThreads) : 0.f;
-#pragma unroll
-      for (int u = 0; u < 8; ++u)
-        if (j0 + u * kThreads < m) ckey[j0 + u * kThreads] = order_key(v[u]);
-    }
+    stage_keys(score, m, ckey);
     __syncthreads();
     select_and_write<true>(
         SmemKeys{ckey}, cand_u4, [](int j) { return int32_t(j); }, m, k, sh, out, scan_tmp);
