@@ -403,7 +403,8 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
   // DSA's absorbed steps in bf16 mode on ops/mla_sparse.h (K3_DSA_SPARSE_MLA=0, read per call: the generic
   // attention over the selection). 6.8x faster on the K3.1 slice's DSA layer at B = 1 (H200, session 5);
   // its GPU test missed (1.06-1.48e-4) until session 10 found why: the tensor-core kernel rounded the
-  // softmax weights to bf16, which model/mla.cpp does not; the op now keeps them exact (exact_p).
+  // softmax weights to bf16, which model/mla.cpp does not; the op now keeps 16 bits of them (exact_p: two
+  // bf16 pieces since session 19, decision gpu.7).
   const bool sparse_mla =
       env_switch("K3_DSA_SPARSE_MLA", true) && c.bf16() && R == kMlaLatent && dr == kMlaRope;
   all_abs = all_abs && any_abs;

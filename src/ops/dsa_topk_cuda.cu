@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <string>
 
 #include "core/env.h"
 #include "ops/cuda_util.cuh"
@@ -35,7 +36,8 @@ using namespace topk_detail;
 
 constexpr int64_t kMinKeysPerCta = 2048;  // the automatic cluster size splits rows no finer than this
 constexpr int kResidentPerSm = 3;         // staged kernel's CTAs an SM (40 registers, 512 threads, 64 KB)
-constexpr int64_t kKeysPerCta = 8192;     // the default rule: ceil(max_len / this) CTAs a row
+constexpr int64_t kKeysPerCta = 8192;     // the earlier rule (K3_DSA_TOPK_FILL=0): ceil(max_len / this)
+constexpr int64_t kSampleMinLen = 16384;  // the automatic choice takes the sample kernel above this length
 constexpr int kMaxCluster = 16;           // non-portable above 8: checked once per device, else 8
 constexpr int kStageKeys = 16384;         // a CTA's chunk up to this long is staged in shared memory (64 KB)
 
@@ -172,12 +174,12 @@ int max_cluster() {
 // CTAs per row when the caller leaves it open: as many as fill the resident slots of one wave
 // (kResidentPerSm x SMs over the rows), a power of two, no finer than kMinKeysPerCta keys a CTA, and at
 // least enough that a chunk fits the staged kernel. Chosen from forced counts timed on an H100 (session 18,
-// bench_dsa *_topk_cN_us): best at b1 8K / 32K / 128K = 4 / 8-16 / 16, at b64 = 2-4 / 4 / 8; the earlier
-// rule ceil(max_len / 8192) gave 1 / 4 / 16 at both batches. Opt-in (K3_DSA_TOPK_FILL=1) until a GPU run
-// has checked the results at the counts it picks (2 and 4 on staged rows: tools/test-ops cases_dsa.cpp) and
-// timed it as the default; the earlier rule stays the default.
+// bench_dsa *_topk_cN_us): best at b1 8K / 32K / 128K = 4 / 8-16 / 16, at b64 = 2-4 / 4 / 8. The default
+// since session 19 (H100, same run as the earlier rule ceil(max_len / 8192), K3_DSA_TOPK_FILL=0): b1 8K /
+// 32K / 128K 18.8 / 20.7 / 22.4 -> 12.6 / 15.7 / 22.6 us, b64 8K / 128K 20.4 / 114 -> 17.1 / 94.5; test-ops
+// and bench_dsa's set checks pass with it.
 int auto_cluster(const DsaTopkParams& p, int c_max) {
-  static const bool fill_rule = env_switch("K3_DSA_TOPK_FILL", false);
+  static const bool fill_rule = env_switch("K3_DSA_TOPK_FILL", true);
   if (!fill_rule) return int(std::clamp<int64_t>((p.max_len + kKeysPerCta - 1) / kKeysPerCta, 1, c_max));
   const int64_t fill = std::max<int64_t>(1, int64_t(kResidentPerSm) * cuda_ops::device_sm_count() / p.n_row);
   const int64_t fine = (p.max_len + kMinKeysPerCta - 1) / kMinKeysPerCta;
@@ -192,10 +194,18 @@ int auto_cluster(const DsaTopkParams& p, int c_max) {
 void dsa_topk_cuda(const DsaTopkParams& p, GpuContext& g) {
   K3_ASSERT(dsa_topk_check(p).ok());
   if (p.n_row == 0) return;
-  static const bool sample_env = env_switch("K3_DSA_TOPK_SAMPLE", false);
-  const bool sample =
-      p.kernel == DsaTopkKernel::sample ||
-      (p.kernel == DsaTopkKernel::automatic && p.cluster == 0 && sample_env && p.topk <= kDsaTopkSampleMaxK);
+  // The automatic choice (H100, session 19, bench_dsa): the sample kernel where the rows alone fill a
+  // quarter of the SMs and are longer than kSampleMinLen (b64 x 32K / 128K: 32.2 / 94.5 -> 29.7 / 54.9 us),
+  // the cluster kernel elsewhere (b1: one CTA reading 128K keys takes 47 us, 16 CTAs 22.6; b64 x 8K: 17.1
+  // against 18.2). K3_DSA_TOPK_SAMPLE=1 / 0: the sample kernel always / never.
+  static const int sample_env = [] {
+    const std::string e = env_value("K3_DSA_TOPK_SAMPLE");
+    return e == "1" ? 1 : e == "0" ? 0 : -1;
+  }();
+  const bool rows_fill = int64_t(p.n_row) * 4 >= cuda_ops::device_sm_count() && p.max_len > kSampleMinLen;
+  const bool sample = p.kernel == DsaTopkKernel::sample ||
+                      (p.kernel == DsaTopkKernel::automatic && p.cluster == 0 &&
+                       p.topk <= kDsaTopkSampleMaxK && (sample_env == 1 || (sample_env == -1 && rows_fill)));
   if (sample) {
     topk_sample_launch(p, g.stream);
     return;

@@ -46,10 +46,11 @@ struct MlaDecodeParams {
   float scale = 1.f;
   float* out = nullptr;  // [n_seq, n_head, 512]
   int n_split = 0;       // cuda: kv splits per sequence, 0 = chosen from the SM count and max_ctx
-  // cuda: keep the softmax weights exact (fp32, as the reference and model/mla.cpp's attention_cpu) in P V
-  // instead of rounding them to bf16: the mma.sync kernel splits P into three bf16 pieces (exact) and runs
-  // three MMAs; mla_decode_cuda then always takes that kernel (the wgmma one has no shared memory left for
-  // the pieces; the CUDA-core kernel keeps fp32 weights anyway).
+  // cuda: keep the softmax weights to 16 significant bits (relative error <= 2^-17; fp32 in the reference
+  // and model/mla.cpp's attention_cpu) in P V instead of rounding them to bf16: the mma.sync kernel splits P
+  // into two bf16 pieces and runs two MMAs (K3_MLA_EXACT_PIECES=3, read per call: three pieces, exact);
+  // mla_decode_cuda then always takes that kernel (the wgmma one has no shared memory left for the pieces;
+  // the CUDA-core kernel keeps fp32 weights anyway).
   bool exact_p = false;
 };
 

@@ -6,11 +6,12 @@
 //   S = Q (32 x 576) K^T (576 x 64): warp w -> head tile w/4, tokens 16 (w%4) .. +16, mma m16n8k16 bf16.
 //   softmax over the tile in shared memory (8 threads a row), P rounded to bf16.
 //   O += P (32 x 64) V (64 x 512): warp w -> head tile w/4, dims 128 (w%4) .. +128 (64 fp32 accumulators).
-// exact_p (mla_decode.h): P is kept exact instead, as three bf16 pieces P = P_hi + P_mid + P_lo (3 x 8
-// significant bits hold fp32's 24, every piece an exact difference), and O += P_hi V + P_mid V + P_lo V:
-// three P V MMAs where one ran (264 MMAs a warp per tile instead of 136; not timed yet) and 9 KiB more
-// shared memory. K3_MLA_EXACT_PIECES=2 (read per call; a bench variant, not checked on a GPU yet): hi + mid
-// only, P to 16 significant bits (relative error <= 2^-17), 200 MMAs a warp per tile.
+// exact_p (mla_decode.h): P is kept to 16 significant bits instead, as two bf16 pieces P ~ P_hi + P_mid
+// (P_mid = bf16(P - P_hi), the difference exact; relative error <= 2^-17), and O += P_hi V + P_mid V: 200
+// MMAs a warp per tile instead of 136, 4.5 KiB more shared memory. K3_MLA_EXACT_PIECES=3 (read per call):
+// exact, with P_lo = P - P_hi - P_mid as a third piece (3 x 8 significant bits hold fp32's 24), 264 MMAs.
+// H100, session 19 (bench_dsa, sparse MLA over 2048 rows at b64): three pieces 289 us, two 258 us; NMSE
+// against fp64 5.3e-13 / 1.2e-12; the GPU tests (K3.1's DSA layers against the CPU at 1e-4) pass with both.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -26,7 +27,8 @@ constexpr int kStride = kMlaRow + 8;  // padded smem row (bf16): 1168 B, ldmatri
 constexpr int kMmaThreads = 256;
 constexpr int kPStride = kTile + 8;  // bf16 P row
 constexpr int kSStride = kTile + 4;  // fp32 S row
-// kPieces bf16 P blocks: 1 (P rounded to bf16) or 3 (exact_p: hi, mid, lo)
+// kPieces bf16 P blocks: 1 (P rounded to bf16), 2 (exact_p: hi, mid) or 3 (K3_MLA_EXACT_PIECES=3: hi, mid,
+// lo)
 constexpr size_t mma_smem(int pieces) {
   return size_t(kMmaHeads) * kStride * 2 + size_t(2) * kTile * kStride * 2 +
          size_t(kMmaHeads) * kSStride * 4 + size_t(pieces) * kMmaHeads * kPStride * 2 +
@@ -219,10 +221,10 @@ void launch_pieces(const MlaDecodeParams& p, const Split& s, float* part_o, floa
 
 void launch_split_mma(const MlaDecodeParams& p, const Split& s, float* part_o, float* part_ml,
                       cudaStream_t st) {
-  if (p.exact_p && env_value("K3_MLA_EXACT_PIECES") == "2")  // read per call (bench_dsa): P to 16 bits
-    launch_pieces<2>(p, s, part_o, part_ml, st);
-  else if (p.exact_p)
+  if (p.exact_p && env_value("K3_MLA_EXACT_PIECES") == "3")  // read per call (bench_dsa): exact P
     launch_pieces<3>(p, s, part_o, part_ml, st);
+  else if (p.exact_p)
+    launch_pieces<2>(p, s, part_o, part_ml, st);
   else
     launch_pieces<1>(p, s, part_o, part_ml, st);
 }

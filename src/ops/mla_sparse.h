@@ -9,13 +9,13 @@
 // CUDA: ops/mla_decode.h's tensor-core split-KV kernel (mma.sync) over each query's selected rows in place: a
 // table kernel writes the physical cache row (page * P + slot) of every selection, and the decode kernel
 // reads the cache as pages of one row through that table, with ctx_len = |S_i| and exact_p: the softmax
-// weights stay fp32 in P V, as in the reference and in model/mla.cpp (attention_cpu), whose rounding points
-// the bf16 model must share. (With P rounded to bf16, the plain decode kernels' choice, the tiny-k3-mla top-8
-// DSA layer test missed its 1e-4 bound: moe_routed 1.48e-4, reproduced on the host by rounding
-// attention_cpu's weights alone.) Cost per query: |S_i| * 1152 bytes read once, flat in the context.
-// K3_MLA_SPARSE_GATHER=1 (read per call): the session-4 path, a gather of the rows into scratch first.
-// Everything stays on the device (CUDA-graph safe); scratch = mla_sparse_scratch_bytes, and g.workspace
-// serves mla_decode_cuda as usual.
+// weights keep 16 significant bits in P V (two bf16 pieces; fp32 in the reference and in model/mla.cpp's
+// attention_cpu, whose rounding points the bf16 model must share). (With P rounded to bf16, the plain decode
+// kernels' choice, the tiny-k3-mla top-8 DSA layer test missed its 1e-4 bound: moe_routed 1.48e-4,
+// reproduced on the host by rounding attention_cpu's weights alone; two pieces pass it, decision gpu.7.) Cost
+// per query: |S_i| * 1152 bytes read once, flat in the context. K3_MLA_SPARSE_GATHER=1 (read per call): the
+// session-4 path, a gather of the rows into scratch first. Everything stays on the device (CUDA-graph safe);
+// scratch = mla_sparse_scratch_bytes, and g.workspace serves mla_decode_cuda as usual.
 #pragma once
 
 #include <cstddef>

@@ -1,11 +1,12 @@
 // cases_dsa_sparse.cpp: test-ops cases for sparse absorbed MLA over the DSA selection (ops/mla_sparse.h).
 //
 // ref = cpu = mla_sparse_ref (the selected rows gathered on the host, then the fp64 mla_decode_ref);
-// cuda = mla_sparse_cuda (gather kernel + mla_decode_cuda with exact_p: tensor cores with fp32 softmax
-// weights, split into three bf16 pieces). Bound 1e-9, as the fp32 CUDA-core decode kernel's: bf16 softmax
-// weights (the plain decode kernels) give ~3e-8 at topk 2048 and ~5e-7 at topk 8 on these inputs (host
-// estimate), so the cases catch them. K3's 96 heads with topk 2048 over contexts shorter than, equal to and
-// longer than topk (-1 padded selections), a prefill-style call sharing one block table, the tiny-k31 topk 8.
+// cuda = mla_sparse_cuda (gather kernel + mla_decode_cuda with exact_p: tensor cores with the softmax
+// weights split into two bf16 pieces, 16 significant bits). Bound 1e-9, as the fp32 CUDA-core decode
+// kernel's: bf16 softmax weights (the plain decode kernels) give ~3e-8 at topk 2048 and ~5e-7 at topk 8 on
+// these inputs (host estimate), so the cases catch them. K3's 96 heads with topk 2048 over contexts shorter
+// than, equal to and longer than topk (-1 padded selections), a prefill-style call sharing one block table,
+// the tiny-k31 topk 8.
 #include <algorithm>
 #include <cmath>
 #include <memory>
