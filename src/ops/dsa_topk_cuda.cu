@@ -198,10 +198,9 @@ void dsa_topk_cuda(const DsaTopkParams& p, GpuContext& g) {
   // quarter of the SMs and are longer than kSampleMinLen (b64 x 32K / 128K: 32.2 / 94.5 -> 29.7 / 54.9 us),
   // the cluster kernel elsewhere (b1: one CTA reading 128K keys takes 47 us, 16 CTAs 22.6; b64 x 8K: 17.1
   // against 18.2). K3_DSA_TOPK_SAMPLE=1 / 0: the sample kernel always / never.
-  static const int sample_env = [] {
-    const std::string e = env_value("K3_DSA_TOPK_SAMPLE");
-    return e == "1" ? 1 : e == "0" ? 0 : -1;
-  }();
+  static const int sample_env = env_value("K3_DSA_TOPK_SAMPLE").empty()   ? -1
+                                : env_switch("K3_DSA_TOPK_SAMPLE", false) ? 1
+                                                                          : 0;
   const bool rows_fill = int64_t(p.n_row) * 4 >= cuda_ops::device_sm_count() && p.max_len > kSampleMinLen;
   const bool sample = p.kernel == DsaTopkKernel::sample ||
                       (p.kernel == DsaTopkKernel::automatic && p.cluster == 0 &&

@@ -216,7 +216,7 @@ void topk_sample_launch(const DsaTopkParams& p, cudaStream_t stream) {
                                         int(kRingSmem)));
     if (dev < 64) attr_set[dev] = true;
   }
-  if (env_value("K3_DSA_TOPK_RING") == "1")
+  if (env_switch("K3_DSA_TOPK_RING", false))
     topk_sample_kernel<true><<<unsigned(p.n_row), kThreads, kRingSmem, stream>>>(p);
   else
     topk_sample_kernel<false><<<unsigned(p.n_row), kThreads, kSmem, stream>>>(p);
