@@ -12,7 +12,7 @@
 #      ENVS="K3_PDL=0 K3_PDL=1,K3_X=2"; a comma joins the settings of one run), one after the other in the
 #      same call (ENV_BUDGET s each, 30); ENVCHECK=1 adds the GPU = CPU checks, ENVCMP31=1 the K3.1 slice;
 #      ENVS_CHECK: settings run first with the K3 slice's GPU = CPU checks only;
-#      tests_env: the *Gpu* tests again under each setting of TEST_ENVS; ops: OPS_ENV="K3_X=1 ..." for the
+#      tests_env: the *Gpu* tests again under each setting of TEST_ENVS; ops: OPS_ENV="K3_X=1 ..." (and OPS_TIMEOUT s, 15) for the
 #      test-ops runs; moe: bench_moe MOE_MODE (decode: checks against fp64, timings of every decode variant; prefill: the
 #      prefill kernels' checks and timings); dsa: bench_dsa (checks, then indexer / top-k / sparse MLA timings;
 #      DSA_ENVS="K3_X=1 ..." runs it again under each setting); mla_bench: bench_mla_decode (checks against fp64,
@@ -106,7 +106,7 @@ bench_envs() {
   if on ops; then
     for op in ${OPS:-mla_decode mla_decode_wgmma moe_route moe_experts dsa_topk}; do
       echo "== test-ops $op (cuda) ($(el))"
-      env ${OPS_ENV:-K3_NONE=1} timeout 15 "$B/test-ops" test -o "$op" -b cuda -v 2>&1 | tail -${OPS_TAIL:-4}
+      env ${OPS_ENV:-K3_NONE=1} timeout "${OPS_TIMEOUT:-15}" "$B/test-ops" test -o "$op" -b cuda -v 2>&1 | tail -${OPS_TAIL:-4}
     done
   fi
   if on dsa; then  # bench_dsa: its checks against fp64 / the reference top-k, then the graph timings; then

@@ -18,7 +18,9 @@
 // radix select over those alone; where they are fewer than topk or more than 8192 (many equal scores), over
 // the whole row (dsa_topk_sample_cuda.cu). topk <= kDsaTopkSampleMaxK. The automatic choice takes it for
 // batches whose rows fill a quarter of the SMs at lengths above 16K (K3_DSA_TOPK_SAMPLE=1 / 0: always /
-// never); the cluster kernel otherwise.
+// never); the cluster kernel otherwise. DsaTopkKernel::cluster_bound is the cluster kernel with the same kind
+// of sample bound, shared by the cluster (rows above 16K, 4+ CTAs of <= 8192 keys): the passes and the write
+// run over each CTA's keys above the bound only (dsa_topk_cuda.cu).
 #pragma once
 
 #include <cstdint>
@@ -28,7 +30,7 @@
 
 namespace k3 {
 
-enum class DsaTopkKernel { automatic, cluster, sample };
+enum class DsaTopkKernel { automatic, cluster, sample, cluster_bound };
 constexpr int kDsaTopkSampleMaxK = 2048;
 
 struct DsaTopkParams {

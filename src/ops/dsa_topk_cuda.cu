@@ -17,6 +17,13 @@
 // histogram at T) came with the merges. Every CTA writes its selected positions in order with a block scan:
 // slot(s) = #greater before s + min(#equal before s, need). A relaxed cluster arrive after the last merge
 // and a wait at the end keep every CTA's histograms alive while peers read them.
+// The sample bound (kBound; rows longer than kBoundMinLen, clusters of >= 4 CTAs, chunks <= 8192 keys):
+// before the passes, L = the top 16 bits of the r-th largest of S = 4096 scores (S / C evenly spaced in each
+// chunk; two cluster passes over them), r = ceil(S * 4096 / n), so that about 4096 keys of the row are >= L.
+// Every CTA counts its keys >= L; where the cluster's count is >= topk, the topk-th largest key is >= L and
+// so is every key > T or == T, so each CTA compacts its keys >= L in place (in order, with 16-bit offsets)
+// and the four passes and the write run over those only (~topk * 2 / C keys a CTA instead of the chunk).
+// Otherwise (many equal scores at the bound) over every key, as without the bound.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -40,6 +47,13 @@ constexpr int64_t kKeysPerCta = 8192;     // the earlier rule (K3_DSA_TOPK_FILL=
 constexpr int64_t kSampleMinLen = 16384;  // the automatic choice takes the sample kernel above this length
 constexpr int kMaxCluster = 16;           // non-portable above 8: checked once per device, else 8
 constexpr int kStageKeys = 16384;         // a CTA's chunk up to this long is staged in shared memory (64 KB)
+// The sample bound (DsaTopkKernel::cluster_bound, or K3_DSA_TOPK_BOUND=1 with the automatic choice):
+constexpr int kBoundSamples = 4096;      // S, the samples of a row
+constexpr int kBoundTarget = 4096;       // about this many keys of a row are >= L
+constexpr int64_t kBoundMinLen = 16384;  // rows longer than this
+constexpr int kBoundMinCluster = 4;      // clusters of at least 4 CTAs (<= 1024 samples a CTA)
+constexpr int kBoundMaxChunk = 8192;     // chunks of at most 8192 keys (16-bit offsets, 52 KB a CTA)
+constexpr size_t kBoundSmem = kBoundMaxChunk * 6 + kBoundSamples / kBoundMinCluster * 4;
 
 __device__ __forceinline__ void cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
@@ -48,40 +62,18 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
-template <bool kStaged>
-__global__ void __launch_bounds__(kThreads, kStaged ? 3 : 2) topk_kernel(DsaTopkParams p) {
-  cg::cluster_group cluster = cg::this_cluster();
-  const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
-  const int row = int(blockIdx.x) / C;
-  __shared__ TopkShared sh;
-  __shared__ typename Scan::TempStorage scan_tmp;
-  extern __shared__ uint4 staged_u4[];  // kStaged: [chunk] order keys of this CTA's chunk
+// Radix passes of the cluster over this CTA's keys 0 .. m-1 (a pass a digit, from bit 24 down to
+// last_shift; `pass` counts every pass of the kernel so the two histogram buffers alternate across calls): on
+// return prefix / mask hold the chosen digits, remaining the rank of the wanted key among the keys sharing
+// them, gt_lower the lower ranks' keys above the chosen digits; sh.eq_lower their keys == the final prefix
+// when last_shift is 0 (whose last merge also arrives on the cluster barrier the kernel's end waits on).
+template <class Keys>
+__device__ __forceinline__ void cluster_passes(cg::cluster_group& cluster, int C, int rank, const Keys& key,
+                                               int m, int last_shift, int& pass, TopkShared& sh,
+                                               uint32_t& prefix, uint32_t& mask, uint32_t& remaining,
+                                               uint32_t& gt_lower) {
   const int tid = threadIdx.x, warp = tid >> 5;
-  const int64_t n = p.row_len ? int64_t(p.row_len[row]) : p.len0 + row;
-  int32_t* out = p.sel + int64_t(row) * p.topk;
-  if (n <= p.topk) {  // the same decision in every CTA of the cluster: nobody touches remote memory
-    for (int64_t j = int64_t(rank) * kThreads + tid; j < p.topk; j += int64_t(C) * kThreads)
-      out[j] = j < n ? int32_t(j) : -1;
-    return;
-  }
-  const int64_t chunk = (n + C - 1) / C;
-  const int64_t lo = std::min<int64_t>(n, rank * chunk), hi = std::min<int64_t>(n, lo + chunk);
-  const int m = int(hi - lo);                               // n < 2^31 (row_len is int32)
-  const float* score = p.score + int64_t(row) * p.ld + lo;  // score[j] = score of position lo + j
-  uint32_t* skey = reinterpret_cast<uint32_t*>(staged_u4);
-  if constexpr (kStaged) stage_keys(score, m, skey);
-  const auto key = [&] {
-    if constexpr (kStaged)
-      return SmemKeys{skey};
-    else
-      return GlobalKeys{score};
-  }();
-
-  // Pass p: a barrier between the histogram and its merge (a cluster barrier with release / acquire where
-  // C > 1: the only ones in the kernel); the histograms alternate between two buffers, so the next pass may
-  // clear the other one at once (its readers, pass p - 1's merges, all came before this pass's barrier).
-  uint32_t prefix = 0, mask = 0, remaining = uint32_t(p.topk), gt_lower = 0;
-  for (int shift = 24, pass = 0; shift >= 0; shift -= 8, ++pass) {
+  for (int shift = 24; shift >= last_shift; shift -= 8, ++pass) {
     uint32_t* hist = sh.hist[pass & 1];
     for (int b = tid; b < 256; b += kThreads) hist[b] = 0;
     __syncthreads();
@@ -123,10 +115,125 @@ __global__ void __launch_bounds__(kThreads, kStaged ? 3 : 2) topk_kernel(DsaTopk
     mask |= 255u << shift;
     gt_lower += sh.gt_lower;
   }
+}
+
+// kBound: the cluster's sample bound (see the top of the file): L, the top 16 bits of the r-th largest of
+// kBoundSamples scores, S / C evenly spaced in each chunk (two cluster passes over them).
+__device__ __forceinline__ uint32_t sample_bound(cg::cluster_group& cluster, int C, int rank, int64_t n,
+                                                 const uint32_t* skey, int m, uint32_t* samp, int& pass,
+                                                 TopkShared& sh) {
+  const int per = kBoundSamples / C;  // >= 256 (C <= 16), <= kBoundSamples / kBoundMinCluster
+  for (int i = threadIdx.x; i < per; i += kThreads)
+    samp[i] = m > 0 ? skey[(2 * int64_t(i) + 1) * m / (2 * per)] : 0u;
+  __syncthreads();
+  const int64_t r = std::clamp<int64_t>((int64_t(per) * C * kBoundTarget + n - 1) / n, 1, int64_t(per) * C);
+  uint32_t prefix = 0, mask = 0, remaining = uint32_t(r), unused = 0;
+  cluster_passes(cluster, C, rank, SmemKeys{samp}, per, 16, pass, sh, prefix, mask, remaining, unused);
+  return prefix;
+}
+
+// kBound: keeps this CTA's keys >= L, in order, in skey[0 ..) and their offsets in spos; returns how many.
+// In place: a tile's keys are all read (into registers, before the scan's barriers) before any is written,
+// and a key only moves down. Ends with a barrier.
+__device__ __forceinline__ int compact_above(uint32_t* skey, uint16_t* spos, int m, uint32_t L,
+                                             typename Scan::TempStorage& scan_tmp) {
+  const uint4* vec = reinterpret_cast<const uint4*>(skey);
+  int base = 0;
+  for (int t0 = 0; t0 < m; t0 += kTile) {
+    const int j0 = t0 + int(threadIdx.x) * kItems;
+    uint32_t k[kItems], take = 0;
+    if (j0 + kItems <= m) {
+      const uint4 a = vec[j0 / 4], b = vec[j0 / 4 + 1];
+      k[0] = a.x, k[1] = a.y, k[2] = a.z, k[3] = a.w, k[4] = b.x, k[5] = b.y, k[6] = b.z, k[7] = b.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < kItems; ++j) k[j] = j0 + j < m ? skey[j0 + j] : 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) take += (j0 + j < m && k[j] >= L) ? 1u : 0u;
+    uint32_t excl, total;
+    Scan(scan_tmp).ExclusiveSum(take, excl, total);
+    int s = base + int(excl);
+#pragma unroll
+    for (int j = 0; j < kItems; ++j)
+      if (j0 + j < m && k[j] >= L) skey[s] = k[j], spos[s] = uint16_t(j0 + j), ++s;
+    base += int(total);
+    __syncthreads();  // scan_tmp reuse; the moved keys visible
+  }
+  return base;
+}
+
+// kBound: 2 CTAs an SM (64 registers; at 40 it spills), used where the rows are few (b1 - b8 at 128K).
+template <bool kStaged, bool kBound>
+__global__ void __launch_bounds__(kThreads, kStaged && !kBound ? 3 : 2) topk_kernel(DsaTopkParams p) {
+  static_assert(kStaged || !kBound, "the bound works on staged chunks");
+  cg::cluster_group cluster = cg::this_cluster();
+  const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  const int row = int(blockIdx.x) / C;
+  __shared__ TopkShared sh;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  extern __shared__ uint4 staged_u4[];  // kStaged: [chunk] order keys; kBound: [kBoundMaxChunk] keys,
+                                        // [kBoundMaxChunk] offsets (16-bit), [kBoundSamples / 4] samples
+  const int tid = threadIdx.x;
+  const int64_t n = p.row_len ? int64_t(p.row_len[row]) : p.len0 + row;
+  int32_t* out = p.sel + int64_t(row) * p.topk;
+  if (n <= p.topk) {  // the same decision in every CTA of the cluster: nobody touches remote memory
+    for (int64_t j = int64_t(rank) * kThreads + tid; j < p.topk; j += int64_t(C) * kThreads)
+      out[j] = j < n ? int32_t(j) : -1;
+    return;
+  }
+  const int64_t chunk = (n + C - 1) / C;
+  const int64_t lo = std::min<int64_t>(n, rank * chunk), hi = std::min<int64_t>(n, lo + chunk);
+  int m = int(hi - lo);                                     // n < 2^31 (row_len is int32)
+  const float* score = p.score + int64_t(row) * p.ld + lo;  // score[j] = score of position lo + j
+  uint32_t* skey = reinterpret_cast<uint32_t*>(staged_u4);
+  if constexpr (kStaged) stage_keys(score, m, skey);
+  const auto key = [&] {
+    if constexpr (kStaged)
+      return SmemKeys{skey};
+    else
+      return GlobalKeys{score};
+  }();
+
+  int pass = 0;
+  bool bounded = false;  // the passes run over this CTA's keys >= L, compacted
+  uint16_t* spos = reinterpret_cast<uint16_t*>(skey + kBoundMaxChunk);
+  if constexpr (kBound) {
+    if (n > kBoundMinLen) {  // the same decision in every CTA of the cluster
+      __syncthreads();       // the staged keys
+      uint32_t* samp = reinterpret_cast<uint32_t*>(spos + kBoundMaxChunk);
+      const uint32_t L = sample_bound(cluster, C, rank, n, skey, m, samp, pass, sh);
+      uint32_t c = 0;
+      for (int j = tid; j < m; j += kThreads) c += skey[j] >= L ? 1u : 0u;
+      c = __reduce_add_sync(0xffffffffu, c);
+      if (tid == 0) sh.count = 0;
+      __syncthreads();
+      if ((tid & 31) == 0) atomicAdd(&sh.count, c);
+      cluster.sync();  // every CTA's count
+      if (tid < 32) {
+        uint32_t t = tid < C ? *cluster.map_shared_rank(&sh.count, tid) : 0u;
+        t = __reduce_add_sync(0xffffffffu, t);
+        if (tid == 0) sh.total = t;
+      }
+      __syncthreads();
+      // the topk-th largest key is >= L where at least topk keys are; else the passes take every key
+      bounded = sh.total >= uint32_t(p.topk);
+      if (bounded) m = compact_above(skey, spos, m, L, scan_tmp);
+    }
+  }
+
+  uint32_t prefix = 0, mask = 0, remaining = uint32_t(p.topk), gt_lower = 0;
+  cluster_passes(cluster, C, rank, key, m, 0, pass, sh, prefix, mask, remaining, gt_lower);
   const uint32_t T = prefix, need = remaining;
 
-  const auto pos = [lo](int j) { return int32_t(lo + j); };
-  write_selected<kStaged>(key, staged_u4, pos, m, T, need, gt_lower, sh.eq_lower, out, scan_tmp);
+  if (kBound && bounded)
+    write_selected<true>(
+        key, staged_u4, [lo, spos](int j) { return int32_t(lo + spos[j]); }, m, T, need, gt_lower,
+        sh.eq_lower, out, scan_tmp);
+  else
+    write_selected<kStaged>(
+        key, staged_u4, [lo](int j) { return int32_t(lo + j); }, m, T, need, gt_lower, sh.eq_lower, out,
+        scan_tmp);
   if (C > 1) cluster_wait();  // no CTA exits while a peer may still read its histograms
 }
 
@@ -150,12 +257,16 @@ int max_cluster() {
   int dev = 0;
   K3_CUDA_ASSERT(cudaGetDevice(&dev));
   if (dev < 64 && known[dev].load() > 0) return known[dev].load();
-  K3_CUDA_ASSERT(cudaFuncSetAttribute(topk_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  K3_CUDA_ASSERT(cudaFuncSetAttribute(topk_kernel<true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       int(kStageKeys * sizeof(uint32_t))));
+  K3_CUDA_ASSERT(cudaFuncSetAttribute(topk_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(kBoundSmem)));
   int best = 8;
-  if (cudaFuncSetAttribute(topk_kernel<true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+  if (cudaFuncSetAttribute(topk_kernel<true, false>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
           cudaSuccess &&
-      cudaFuncSetAttribute(topk_kernel<false>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+      cudaFuncSetAttribute(topk_kernel<true, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+          cudaSuccess &&
+      cudaFuncSetAttribute(topk_kernel<false, false>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
           cudaSuccess) {
     DsaTopkParams one;
     one.n_row = 1;
@@ -163,7 +274,8 @@ int max_cluster() {
     const cudaLaunchConfig_t cfg =
         launch_config(kMaxCluster, one, kStageKeys * sizeof(uint32_t), nullptr, attr);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, topk_kernel<true>, &cfg) == cudaSuccess && clusters > 0)
+    if (cudaOccupancyMaxActiveClusters(&clusters, topk_kernel<true, false>, &cfg) == cudaSuccess &&
+        clusters > 0)
       best = kMaxCluster;
   }
   (void)cudaGetLastError();  // a refused query leaves no sticky error; clear the last one
@@ -197,7 +309,8 @@ void dsa_topk_cuda(const DsaTopkParams& p, GpuContext& g) {
   // The automatic choice (H100, session 19, bench_dsa): the sample kernel where the rows alone fill a
   // quarter of the SMs and are longer than kSampleMinLen (b64 x 32K / 128K: 32.2 / 94.5 -> 29.7 / 54.9 us),
   // the cluster kernel elsewhere (b1: one CTA reading 128K keys takes 47 us, 16 CTAs 22.6; b64 x 8K: 17.1
-  // against 18.2). K3_DSA_TOPK_SAMPLE=1 / 0: the sample kernel always / never.
+  // against 18.2). K3_DSA_TOPK_SAMPLE=1 / 0: the sample kernel always / never. K3_DSA_TOPK_BOUND=1 (read per
+  // call; not yet timed on a GPU): the cluster kernel with the sample bound where it applies.
   static const int sample_env = env_value("K3_DSA_TOPK_SAMPLE").empty()   ? -1
                                 : env_switch("K3_DSA_TOPK_SAMPLE", false) ? 1
                                                                           : 0;
@@ -213,13 +326,19 @@ void dsa_topk_cuda(const DsaTopkParams& p, GpuContext& g) {
   const int C = p.cluster > 0 ? std::min(p.cluster, c_max) : auto_cluster(p, c_max);
   const int64_t chunk = (p.max_len + C - 1) / C;  // the longest chunk of any row
   const bool staged = chunk <= kStageKeys;
+  const bool bound_asked = p.kernel == DsaTopkKernel::cluster_bound ||
+                           (p.kernel == DsaTopkKernel::automatic && env_switch("K3_DSA_TOPK_BOUND", false));
+  const bool bound =
+      bound_asked && C >= kBoundMinCluster && chunk <= kBoundMaxChunk && p.max_len > kBoundMinLen;
   cudaLaunchAttribute attr[1];
-  const cudaLaunchConfig_t cfg =
-      launch_config(C, p, staged ? size_t(chunk) * sizeof(uint32_t) : 0, g.stream, attr);
-  if (staged)
-    K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, topk_kernel<true>, p));
+  const size_t smem = bound ? kBoundSmem : staged ? size_t(chunk) * sizeof(uint32_t) : 0;
+  const cudaLaunchConfig_t cfg = launch_config(C, p, smem, g.stream, attr);
+  if (bound)
+    K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, topk_kernel<true, true>, p));
+  else if (staged)
+    K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, topk_kernel<true, false>, p));
   else
-    K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, topk_kernel<false>, p));
+    K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, topk_kernel<false, false>, p));
 }
 
 }  // namespace k3

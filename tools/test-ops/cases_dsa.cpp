@@ -7,7 +7,8 @@
 // cases_dsa_sparse.cpp.
 // Top-k: exact equality of the selected sets with many ties (few distinct values, +0 / -0 mixed, whole rows
 // equal), rows at and around topk, forced cluster sizes, a 1M-long row, and the sample kernel
-// (DsaTopkKernel::sample) on each law.
+// (DsaTopkKernel::sample) and the cluster kernel's sample bound (cluster_bound) on each law and on rows whose
+// largest scores crowd at the end.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -23,7 +24,7 @@ namespace k3::opt {
 namespace {
 
 // ---- top-k ----
-enum class Law { normal, few_levels, signed_zeros, all_equal };
+enum class Law { normal, few_levels, signed_zeros, all_equal, rising, spikes };
 
 struct TopkState {
   int topk = 0, cluster = 0;
@@ -40,7 +41,9 @@ const char* law_name(Law l) {
   return l == Law::normal         ? "normal"
          : l == Law::few_levels   ? "4-levels"
          : l == Law::signed_zeros ? "+-0"
-                                  : "equal";
+         : l == Law::all_equal    ? "equal"
+         : l == Law::rising       ? "rising"
+                                  : "spikes";
 }
 
 void add_topk(CaseList& cases, int topk, std::vector<int32_t> lens, int64_t len0, int n_prefill, Law law,
@@ -57,6 +60,7 @@ void add_topk(CaseList& cases, int topk, std::vector<int32_t> lens, int64_t len0
   }
   shape += std::string(" law=") + law_name(law) + " cluster=" + std::to_string(cluster);
   if (kernel == DsaTopkKernel::sample) shape += " sample";
+  if (kernel == DsaTopkKernel::cluster_bound) shape += " bound";
   cases.push_back(std::make_unique<FnCase>(
       "dsa_topk", shape, 0.0,
       [st](Rng& rng) {
@@ -65,7 +69,8 @@ void add_topk(CaseList& cases, int topk, std::vector<int32_t> lens, int64_t len0
             st->lens.empty() ? st->len0 + n_row - 1 : *std::max_element(st->lens.begin(), st->lens.end());
         st->ld = st->max_len + 3;
         st->score.resize(size_t(n_row) * st->ld);
-        for (float& v : st->score) {
+        for (size_t i = 0; i < st->score.size(); ++i) {
+          float& v = st->score[i];
           switch (st->law) {
             case Law::normal:
               v = rng.normal();
@@ -78,6 +83,13 @@ void add_topk(CaseList& cases, int topk, std::vector<int32_t> lens, int64_t len0
               break;
             case Law::all_equal:
               v = 1.25f;
+              break;
+            case Law::rising:  // the largest scores crowd at the end of the row (the last CTAs' chunks)
+              v = float(i % size_t(st->ld)) * 1e-3f + 0.1f * rng.normal();
+              break;
+            case Law::spikes:  // 1000 of the bound's 4096 samples (n = 131072, C = 16) far above the rest:
+                               // fewer than topk keys pass it (the cluster kernel's fallback)
+              v = i % size_t(st->ld) % 32 == 16 && i % size_t(st->ld) < 32000 ? 100.f : rng.normal();
               break;
           }
         }
@@ -294,6 +306,22 @@ K3_OP_CASES(dsa_cases) {
   add_topk(cases, 8, {}, 1, 40, Law::few_levels, 0, kSample);
   add_topk(cases, 100, {20000, 300000}, 0, 0, Law::normal, 0, kSample);
   add_topk(cases, 2048, {1 << 20}, 0, 0, Law::normal, 0, kSample);
+  add_topk(cases, 2048, {70001, 131072}, 0, 0, Law::rising, 0, kSample);
+  // the cluster kernel with the sample bound (rows > 16K, 4+ CTAs of <= 8192 keys; shorter rows of the same
+  // launch take the plain passes): every law, skewed rows, prefill rows, forced clusters of 4 and 8
+  constexpr DsaTopkKernel kBound = DsaTopkKernel::cluster_bound;
+  add_topk(cases, 2048, {131072, 70001, 20000, 16385, 16384, 8192, 2049, 1}, 0, 0, Law::normal, 16, kBound);
+  add_topk(cases, 2048, {131072, 40000}, 0, 0, Law::few_levels, 16, kBound);
+  add_topk(cases, 2048, {131072, 50000}, 0, 0, Law::signed_zeros, 16, kBound);
+  add_topk(cases, 2048, {131072, 30000}, 0, 0, Law::all_equal, 16, kBound);
+  add_topk(cases, 2048, {131072, 70001, 17000}, 0, 0, Law::rising, 16, kBound);
+  add_topk(cases, 2048, {131072, 131072}, 0, 0, Law::spikes, 16, kBound);
+  add_topk(cases, 2048, {131072}, 0, 0, Law::normal, 0, kBound);  // the automatic cluster size (16)
+  add_topk(cases, 2048, {}, 20000, 21, Law::normal, 16, kBound);
+  add_topk(cases, 2048, {32768, 20001}, 0, 0, Law::normal, 4, kBound);
+  add_topk(cases, 2048, {65536, 33000}, 0, 0, Law::rising, 8, kBound);
+  add_topk(cases, 100, {131072, 20000}, 0, 0, Law::normal, 16, kBound);
+  add_topk(cases, 2048, {1 << 20, 131072}, 0, 0, Law::normal, 16, kBound);  // chunks past 8192: no bound
 }
 
 }  // namespace k3::opt
