@@ -31,6 +31,7 @@
 #include <string>
 
 #include "core/env.h"
+#include "ops/cuda_mma.cuh"
 #include "ops/cuda_util.cuh"
 #include "ops/dsa_topk.h"
 #include "ops/dsa_topk_cuda.cuh"
@@ -62,36 +63,93 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
+// kPush: the cluster's exchange without cluster barriers. Each CTA stores its pass histogram into every
+// CTA's recv[pass % 2][rank] by st.async (distributed shared memory), counted in bytes on the receiver's
+// mbarrier bar[pass % 2], which the receiver armed (one arrival, C KB expected) at the start of the pass; a
+// store that lands before the arming only takes the count below zero, and the phase cannot complete before
+// the arrival. A CTA reaches pass p + 2 (the same buffer) only after every CTA's pass p + 1 histogram, sent
+// after its pass p merge, so no store overwrites a buffer still being read. No fence: the receiver's acquire
+// wait orders the data.
+struct Exchange {
+  uint32_t* recv;   // [2][C][256]
+  uint64_t* bar;    // [3]: the two pass buffers, the sample bound's counts
+  uint32_t* count;  // [C]: the sample bound's counts of the cluster's CTAs
+};
+
+__device__ __forceinline__ uint32_t mapa(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ void st_async(uint32_t addr, uint32_t bar, uint32_t rank, uint4 v) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
+          mapa(addr, rank)),
+      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(mapa(bar, rank))
+      : "memory");
+}
+__device__ __forceinline__ void st_async(uint32_t addr, uint32_t bar, uint32_t rank, uint32_t v) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(mapa(addr, rank)),
+      "r"(v), "r"(mapa(bar, rank))
+      : "memory");
+}
+__device__ __forceinline__ void mbar_arm(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+}
+
 // Radix passes of the cluster over this CTA's keys 0 .. m-1 (a pass a digit, from bit 24 down to
 // last_shift; `pass` counts every pass of the kernel so the two histogram buffers alternate across calls): on
 // return prefix / mask hold the chosen digits, remaining the rank of the wanted key among the keys sharing
 // them, gt_lower the lower ranks' keys above the chosen digits; sh.eq_lower their keys == the final prefix
-// when last_shift is 0 (whose last merge also arrives on the cluster barrier the kernel's end waits on).
-template <class Keys>
+// when last_shift is 0 (whose last merge, without kPush, also arrives on the cluster barrier the kernel's end
+// waits on).
+template <bool kPush, class Keys>
 __device__ __forceinline__ void cluster_passes(cg::cluster_group& cluster, int C, int rank, const Keys& key,
                                                int m, int last_shift, int& pass, TopkShared& sh,
-                                               uint32_t& prefix, uint32_t& mask, uint32_t& remaining,
-                                               uint32_t& gt_lower) {
+                                               const Exchange& x, uint32_t& prefix, uint32_t& mask,
+                                               uint32_t& remaining, uint32_t& gt_lower) {
   const int tid = threadIdx.x, warp = tid >> 5;
   for (int shift = 24; shift >= last_shift; shift -= 8, ++pass) {
     uint32_t* hist = sh.hist[pass & 1];
     for (int b = tid; b < 256; b += kThreads) hist[b] = 0;
+    const uint32_t bar = kPush ? smem_addr(&x.bar[pass & 1]) : 0u;
+    if (kPush && C > 1 && tid == 0) mbar_arm(bar, uint32_t(C) * 1024u);
     __syncthreads();
     histogram(key, m, prefix, mask, shift, hist);
-    if (C > 1)
+    const uint32_t* recv = kPush ? x.recv + (pass & 1) * C * 256 : nullptr;
+    if (kPush && C > 1) {
+      __syncthreads();  // this CTA's histogram is complete
+      const uint32_t slot = smem_addr(recv + rank * 256);
+      for (int i = tid; i < C * 64; i += kThreads)  // 64 16-byte pieces to each CTA
+        st_async(slot + 16u * uint32_t(i & 63), bar, uint32_t(i >> 6),
+                 reinterpret_cast<const uint4*>(hist)[i & 63]);
+      mbar_wait_cluster(bar, uint32_t(pass >> 1) & 1u);
+    } else if (C > 1) {
       cluster.sync();
-    else
+    } else {
       __syncthreads();
+    }
     for (int b = tid; b < 256; b += kThreads) {
       uint32_t s = 0, low = 0;
       for (int r = 0; r < C; ++r) {
-        const uint32_t v = C > 1 ? cluster.map_shared_rank(hist, r)[b] : hist[b];
+        const uint32_t v = C == 1 ? hist[b] : kPush ? recv[r * 256 + b] : cluster.map_shared_rank(hist, r)[b];
         s += v;
         low += r < rank ? v : 0u;
       }
       sh.merged[b] = s, sh.lower[b] = low;
     }
-    if (C > 1 && shift == 0) cluster_arrive_relaxed();  // the last remote reads are done (wait: at the end)
+    if (!kPush && C > 1 && shift == 0) cluster_arrive_relaxed();  // the last remote reads are done
     __syncthreads();
     if (warp == 0) {
       const int lane = tid & 31;
@@ -119,16 +177,18 @@ __device__ __forceinline__ void cluster_passes(cg::cluster_group& cluster, int C
 
 // kBound: the cluster's sample bound (see the top of the file): L, the top 16 bits of the r-th largest of
 // kBoundSamples scores, S / C evenly spaced in each chunk (two cluster passes over them).
+template <bool kPush>
 __device__ __forceinline__ uint32_t sample_bound(cg::cluster_group& cluster, int C, int rank, int64_t n,
                                                  const uint32_t* skey, int m, uint32_t* samp, int& pass,
-                                                 TopkShared& sh) {
+                                                 TopkShared& sh, const Exchange& x) {
   const int per = kBoundSamples / C;  // >= 256 (C <= 16), <= kBoundSamples / kBoundMinCluster
   for (int i = threadIdx.x; i < per; i += kThreads)
     samp[i] = m > 0 ? skey[(2 * int64_t(i) + 1) * m / (2 * per)] : 0u;
   __syncthreads();
   const int64_t r = std::clamp<int64_t>((int64_t(per) * C * kBoundTarget + n - 1) / n, 1, int64_t(per) * C);
   uint32_t prefix = 0, mask = 0, remaining = uint32_t(r), unused = 0;
-  cluster_passes(cluster, C, rank, SmemKeys{samp}, per, 16, pass, sh, prefix, mask, remaining, unused);
+  cluster_passes<kPush>(cluster, C, rank, SmemKeys{samp}, per, 16, pass, sh, x, prefix, mask, remaining,
+                        unused);
   return prefix;
 }
 
@@ -163,8 +223,17 @@ __device__ __forceinline__ int compact_above(uint32_t* skey, uint16_t* spos, int
   return base;
 }
 
+// Dynamic shared memory: the keys (kStaged: ceil(max_len / C) order keys; kBound: kBoundSmem), then with
+// kPush the exchange (Exchange: recv, bar, count) from keys_bytes on.
+__host__ __device__ constexpr size_t keys_bytes(bool staged, bool bound, int64_t max_len, int C) {
+  return bound ? kBoundSmem : staged ? size_t((max_len + C - 1) / C * 4 + 15) / 16 * 16 : 0;
+}
+__host__ __device__ constexpr size_t exchange_bytes(int C) {
+  return size_t(2 * C * 256) * 4 + 3 * 8 + size_t(kMaxCluster) * 4;
+}
+
 // kBound: 2 CTAs an SM (64 registers; at 40 it spills), used where the rows are few (b1 - b8 at 128K).
-template <bool kStaged, bool kBound>
+template <bool kStaged, bool kBound, bool kPush>
 __global__ void __launch_bounds__(kThreads, kStaged && !kBound ? 3 : 2) topk_kernel(DsaTopkParams p) {
   static_assert(kStaged || !kBound, "the bound works on staged chunks");
   cg::cluster_group cluster = cg::this_cluster();
@@ -173,7 +242,8 @@ __global__ void __launch_bounds__(kThreads, kStaged && !kBound ? 3 : 2) topk_ker
   __shared__ TopkShared sh;
   __shared__ typename Scan::TempStorage scan_tmp;
   extern __shared__ uint4 staged_u4[];  // kStaged: [chunk] order keys; kBound: [kBoundMaxChunk] keys,
-                                        // [kBoundMaxChunk] offsets (16-bit), [kBoundSamples / 4] samples
+                                        // [kBoundMaxChunk] offsets (16-bit), [kBoundSamples / 4] samples;
+                                        // kPush: then the Exchange
   const int tid = threadIdx.x;
   const int64_t n = p.row_len ? int64_t(p.row_len[row]) : p.len0 + row;
   int32_t* out = p.sel + int64_t(row) * p.topk;
@@ -181,6 +251,21 @@ __global__ void __launch_bounds__(kThreads, kStaged && !kBound ? 3 : 2) topk_ker
     for (int64_t j = int64_t(rank) * kThreads + tid; j < p.topk; j += int64_t(C) * kThreads)
       out[j] = j < n ? int32_t(j) : -1;
     return;
+  }
+  Exchange x = {};
+  if constexpr (kPush) {
+    char* base = reinterpret_cast<char*>(staged_u4) + keys_bytes(kStaged, kBound, p.max_len, C);
+    x.recv = reinterpret_cast<uint32_t*>(base);
+    x.bar = reinterpret_cast<uint64_t*>(base + size_t(2 * C * 256) * 4);
+    x.count = reinterpret_cast<uint32_t*>(x.bar + 3);
+    if (C > 1) {
+      if (tid == 0) {  // each mbarrier: one arrival a phase (the passes arm theirs as they start)
+        for (int i = 0; i < 3; ++i) mbar_init(smem_addr(&x.bar[i]), 1);
+        if (kBound) mbar_arm(smem_addr(&x.bar[2]), uint32_t(C) * 4u);
+        fence_mbar_init();
+      }
+      cluster_arrive_relaxed();  // waited on below, before the first store into a peer
+    }
   }
   const int64_t chunk = (n + C - 1) / C;
   const int64_t lo = std::min<int64_t>(n, rank * chunk), hi = std::min<int64_t>(n, lo + chunk);
@@ -194,6 +279,7 @@ __global__ void __launch_bounds__(kThreads, kStaged && !kBound ? 3 : 2) topk_ker
     else
       return GlobalKeys{score};
   }();
+  if (kPush && C > 1) cluster_wait();  // every CTA's mbarriers are set
 
   int pass = 0;
   bool bounded = false;  // the passes run over this CTA's keys >= L, compacted
@@ -202,16 +288,22 @@ __global__ void __launch_bounds__(kThreads, kStaged && !kBound ? 3 : 2) topk_ker
     if (n > kBoundMinLen) {  // the same decision in every CTA of the cluster
       __syncthreads();       // the staged keys
       uint32_t* samp = reinterpret_cast<uint32_t*>(spos + kBoundMaxChunk);
-      const uint32_t L = sample_bound(cluster, C, rank, n, skey, m, samp, pass, sh);
+      const uint32_t L = sample_bound<kPush>(cluster, C, rank, n, skey, m, samp, pass, sh, x);
       uint32_t c = 0;
       for (int j = tid; j < m; j += kThreads) c += skey[j] >= L ? 1u : 0u;
       c = __reduce_add_sync(0xffffffffu, c);
       if (tid == 0) sh.count = 0;
       __syncthreads();
       if ((tid & 31) == 0) atomicAdd(&sh.count, c);
-      cluster.sync();  // every CTA's count
+      if constexpr (kPush) {  // every CTA's count into every CTA's x.count[rank]
+        __syncthreads();
+        if (tid < C) st_async(smem_addr(&x.count[rank]), smem_addr(&x.bar[2]), uint32_t(tid), sh.count);
+        mbar_wait_cluster(smem_addr(&x.bar[2]), 0u);
+      } else {
+        cluster.sync();  // every CTA's count
+      }
       if (tid < 32) {
-        uint32_t t = tid < C ? *cluster.map_shared_rank(&sh.count, tid) : 0u;
+        uint32_t t = tid >= C ? 0u : kPush ? x.count[tid] : *cluster.map_shared_rank(&sh.count, tid);
         t = __reduce_add_sync(0xffffffffu, t);
         if (tid == 0) sh.total = t;
       }
@@ -223,7 +315,7 @@ __global__ void __launch_bounds__(kThreads, kStaged && !kBound ? 3 : 2) topk_ker
   }
 
   uint32_t prefix = 0, mask = 0, remaining = uint32_t(p.topk), gt_lower = 0;
-  cluster_passes(cluster, C, rank, key, m, 0, pass, sh, prefix, mask, remaining, gt_lower);
+  cluster_passes<kPush>(cluster, C, rank, key, m, 0, pass, sh, x, prefix, mask, remaining, gt_lower);
   const uint32_t T = prefix, need = remaining;
 
   if (kBound && bounded)
@@ -234,7 +326,9 @@ __global__ void __launch_bounds__(kThreads, kStaged && !kBound ? 3 : 2) topk_ker
     write_selected<kStaged>(
         key, staged_u4, [lo](int j) { return int32_t(lo + j); }, m, T, need, gt_lower, sh.eq_lower, out,
         scan_tmp);
-  if (C > 1) cluster_wait();  // no CTA exits while a peer may still read its histograms
+  // Without kPush no CTA exits while a peer may still read its histograms. With it every store into a CTA
+  // is counted by an mbarrier the CTA waits on before it goes on.
+  if (!kPush && C > 1) cluster_wait();
 }
 
 cudaLaunchConfig_t launch_config(int C, const DsaTopkParams& p, size_t smem, cudaStream_t stream,
@@ -250,31 +344,45 @@ cudaLaunchConfig_t launch_config(int C, const DsaTopkParams& p, size_t smem, cud
   return cfg;
 }
 
+using TopkKernel = void (*)(DsaTopkParams);
+
+// The instantiation for a launch: staged chunks, the sample bound (staged only), the histograms pushed.
+TopkKernel topk_kernel_for(bool staged, bool bound, bool push) {
+  if (bound) return push ? topk_kernel<true, true, true> : topk_kernel<true, true, false>;
+  if (staged) return push ? topk_kernel<true, false, true> : topk_kernel<true, false, false>;
+  return push ? topk_kernel<false, false, true> : topk_kernel<false, false, false>;
+}
+
 // The largest cluster this device runs (16 where the non-portable size fits, else 8); the kernels'
-// attributes (64 KB of staged keys, non-portable clusters) are set on the way, once per device.
+// attributes (up to 64 KB of staged keys + the exchange, non-portable clusters) are set on the way, once per
+// device.
 int max_cluster() {
   static std::atomic<int> known[64] = {};
   int dev = 0;
   K3_CUDA_ASSERT(cudaGetDevice(&dev));
   if (dev < 64 && known[dev].load() > 0) return known[dev].load();
-  K3_CUDA_ASSERT(cudaFuncSetAttribute(topk_kernel<true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(kStageKeys * sizeof(uint32_t))));
-  K3_CUDA_ASSERT(cudaFuncSetAttribute(topk_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(kBoundSmem)));
+  bool non_portable = true;
+  for (int k = 0; k < 6; ++k) {
+    const bool staged = k < 4, bound = k < 2, push = k % 2;
+    const TopkKernel f = topk_kernel_for(staged, bound, push);
+    const size_t smem = (bound    ? kBoundSmem
+                         : staged ? kStageKeys * sizeof(uint32_t)
+                                  : 0) +
+                        (push ? exchange_bytes(kMaxCluster) : 0);
+    if (smem > 0)
+      K3_CUDA_ASSERT(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    non_portable = non_portable &&
+                   cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+  }
   int best = 8;
-  if (cudaFuncSetAttribute(topk_kernel<true, false>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
-          cudaSuccess &&
-      cudaFuncSetAttribute(topk_kernel<true, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
-          cudaSuccess &&
-      cudaFuncSetAttribute(topk_kernel<false, false>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
-          cudaSuccess) {
+  if (non_portable) {
     DsaTopkParams one;
     one.n_row = 1;
     cudaLaunchAttribute attr[1];
     const cudaLaunchConfig_t cfg =
         launch_config(kMaxCluster, one, kStageKeys * sizeof(uint32_t), nullptr, attr);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, topk_kernel<true, false>, &cfg) == cudaSuccess &&
+    if (cudaOccupancyMaxActiveClusters(&clusters, topk_kernel<true, false, false>, &cfg) == cudaSuccess &&
         clusters > 0)
       best = kMaxCluster;
   }
@@ -330,15 +438,11 @@ void dsa_topk_cuda(const DsaTopkParams& p, GpuContext& g) {
                            (p.kernel == DsaTopkKernel::automatic && env_switch("K3_DSA_TOPK_BOUND", false));
   const bool bound =
       bound_asked && C >= kBoundMinCluster && chunk <= kBoundMaxChunk && p.max_len > kBoundMinLen;
+  const bool push = C > 1 && env_switch("K3_DSA_TOPK_PUSH", false);
   cudaLaunchAttribute attr[1];
-  const size_t smem = bound ? kBoundSmem : staged ? size_t(chunk) * sizeof(uint32_t) : 0;
+  const size_t smem = keys_bytes(staged, bound, p.max_len, C) + (push ? exchange_bytes(C) : 0);
   const cudaLaunchConfig_t cfg = launch_config(C, p, smem, g.stream, attr);
-  if (bound)
-    K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, topk_kernel<true, true>, p));
-  else if (staged)
-    K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, topk_kernel<true, false>, p));
-  else
-    K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, topk_kernel<false, false>, p));
+  K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, topk_kernel_for(staged, bound, push), p));
 }
 
 }  // namespace k3

@@ -26,7 +26,7 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 
 struct TopkShared {
   // this CTA's histogram of pass p in hist[p % 2] (read by the cluster until pass p + 1)
-  uint32_t hist[2][256];
+  alignas(16) uint32_t hist[2][256];
   uint32_t merged[256];         // the cluster's histogram of this pass
   uint32_t lower[256];          // the part of it from the CTAs of lower rank (their chunks precede this one)
   uint32_t digit, above;        // pass result: chosen digit, merged count of keys above it
