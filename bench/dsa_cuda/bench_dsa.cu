@@ -306,28 +306,18 @@ int main(int argc, char** argv) {
     r.score = hs.data(), r.row_len = hl.data(), r.sel = ref.data();
     dsa_topk_ref(r);
     check(got == ref, "top-2048 of 64 rows x 128K = reference set");
-    // the sample kernel: its candidate path (also with the cp.async ring, K3_DSA_TOPK_RING=1), then staged
-    struct Case {
-      int64_t n;
-      bool ring;
-    };
-    for (const Case c : {Case{kMax, false}, Case{kMax, true}, Case{8192, false}}) {
-      const int64_t n = c.n;
-      const bool ring = c.ring;
+    for (int64_t n : {int64_t(kMax), int64_t(8192)}) {  // the sample kernel: its candidate path, then staged
       DsaTopkParams ts = t;
       ts.kernel = DsaTopkKernel::sample, ts.max_len = n;
       set_lens(int(n));
-      if (ring) setenv("K3_DSA_TOPK_RING", "1", 1);
       CK(cudaMemset(sel, 0xff, size_t(B) * kTopk * 4));
       dsa_topk_cuda(ts, g);
       CK(cudaStreamSynchronize(g.stream));
-      unsetenv("K3_DSA_TOPK_RING");
       got = down_i(sel, size_t(B) * kTopk);
       std::fill(hl.begin(), hl.end(), int32_t(n));
       r.max_len = n;
       dsa_topk_ref(r);
-      check(got == ref, std::string("sample kernel") + (ring ? " (ring)" : "") + ": top-2048 of 64 rows x " +
-                            std::to_string(n) + " = reference set");
+      check(got == ref, "sample kernel: top-2048 of 64 rows x " + std::to_string(n) + " = reference set");
     }
     // the cluster kernel with the sample bound: 16 CTAs of 8192 keys, then 4 of 8192 (rows of 32K); then
     // with the histograms pushed (K3_DSA_TOPK_PUSH=1): 16 CTAs of 8192 keys, with and without the bound
@@ -479,9 +469,6 @@ int main(int argc, char** argv) {
       ts.kernel = DsaTopkKernel::sample;
       const double tks = graph_us(g, [&](int) { dsa_topk_cuda(ts, g); });
       emit(tag + "_topk_sample_us", tks, "us");
-      setenv("K3_DSA_TOPK_RING", "1", 1);  // its gather through the cp.async ring
-      emit(tag + "_topk_sample_ring_us", graph_us(g, [&](int) { dsa_topk_cuda(ts, g); }), "us");
-      unsetenv("K3_DSA_TOPK_RING");
       (nb == 1 ? topk_us_b1 : topk_us_b64).push_back(tk);
       const double tk8 = (nb == 1 ? topk_us_b1 : topk_us_b64).front();
       emit_met(tag + "_topk_us", tk, "us", "top-k us at 8K", tk8, "flat in context (<= 1.3x the 8K time)",

@@ -18,8 +18,6 @@
 #include <algorithm>
 #include <atomic>
 
-#include "core/env.h"
-#include "ops/cuda_mma.cuh"
 #include "ops/cuda_util.cuh"
 #include "ops/dsa_topk.h"
 #include "ops/dsa_topk_cuda.cuh"
@@ -33,7 +31,6 @@ constexpr int kSamples = 4096;                // S, 8 a thread
 constexpr int kWarps = kThreads / 32;         // 16
 constexpr int kPerWarp = 512;                 // consecutive keys of a tile a warp takes (16 loads a lane)
 constexpr int kCandTile = kWarps * kPerWarp;  // 8192
-constexpr int kRingTiles = 4;                 // K3_DSA_TOPK_RING=1: 4 x 32 KB of scores in shared memory
 static_assert(kSamples <= kCand, "the samples sit in the candidates' key array");
 
 // Radix passes over keys 0 .. m-1 from bit 31 down to bit `last_shift` (one CTA, no cluster): on return,
@@ -67,13 +64,9 @@ __device__ __forceinline__ void select_and_write(const Keys& key, const uint4* v
 }
 
 // Step 2: appends the keys >= L of the row (n keys) to ckey / cpos in position order; returns how many there
-// are (kCand + 1 past kCand, where it stops storing). Every thread returns the same count. kRing: the scores
-// come through a ring of kRingTiles tiles in shared memory filled by 4-byte cp.async copies, kRingTiles - 1
-// tiles ahead (96 KB in flight instead of the registers' 32 KB; each lane reads back only what it copied, so
-// no barrier guards the ring).
-template <bool kRing>
+// are (kCand + 1 past kCand, where it stops storing). Every thread returns the same count.
 __device__ __forceinline__ int gather_candidates(const float* score, int n, uint32_t L, uint32_t* ckey,
-                                                 int32_t* cpos, uint32_t (*cnt)[kWarps], float* ring) {
+                                                 int32_t* cpos, uint32_t (*cnt)[kWarps]) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   constexpr int kLoads = kPerWarp / 32;  // 16
   float cur[kLoads], nxt[kLoads];
@@ -85,32 +78,10 @@ __device__ __forceinline__ int gather_candidates(const float* score, int n, uint
       v[i] = j < n ? __ldg(score + j) : 0.f;
     }
   };
-  auto issue = [&](int t0) {  // this lane's copies of the tile at t0 (an empty group past the row)
-    float* slot = ring + (t0 / kCandTile) % kRingTiles * kCandTile;
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) {
-      const int j = t0 + first + 32 * i;
-      if (j < n) cp_async4(smem_addr(slot + first + 32 * i), score + j);
-    }
-    cp_async_commit();
-  };
   int total = 0;  // candidates so far (saturates past kCand)
-  if constexpr (kRing) {
-    for (int t = 0; t < kRingTiles - 1; ++t) issue(t * kCandTile);
-  } else {
-    load(0, cur);
-  }
+  load(0, cur);
   for (int t0 = 0, tile = 0; t0 < n; t0 += kCandTile, ++tile) {
-    if constexpr (kRing) {
-      issue(t0 + (kRingTiles - 1) * kCandTile);  // into the slot this lane emptied last tile
-      cp_async_wait<kRingTiles - 1>();           // this tile's copies have landed
-      asm volatile("" ::: "memory");
-      const float* slot = ring + tile % kRingTiles * kCandTile;
-#pragma unroll
-      for (int i = 0; i < kLoads; ++i) cur[i] = slot[first + 32 * i];  // past the row: never used
-    } else if (t0 + kCandTile < n) {
-      load(t0 + kCandTile, nxt);
-    }
+    if (t0 + kCandTile < n) load(t0 + kCandTile, nxt);
     uint32_t count = 0;
 #pragma unroll
     for (int i = 0; i < kLoads; ++i)
@@ -137,22 +108,18 @@ __device__ __forceinline__ int gather_candidates(const float* score, int n, uint
       if (take && s < kCand) ckey[s] = key, cpos[s] = j;
       slot = min(slot + __popc(ballot), kCand);
     }
-    if constexpr (!kRing) {
 #pragma unroll
-      for (int i = 0; i < kLoads; ++i) cur[i] = nxt[i];
-    }
+    for (int i = 0; i < kLoads; ++i) cur[i] = nxt[i];
   }
   __syncthreads();  // the candidates are visible to every thread
   return total;
 }
 
-template <bool kRing>
 __global__ void __launch_bounds__(kThreads, 2) topk_sample_kernel(DsaTopkParams p) {
   __shared__ TopkShared sh;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ uint32_t cnt[2][kWarps];
-  extern __shared__ uint4
-      cand_u4[];  // [kCand] keys, [kCand] positions, kRing: [kRingTiles][kCandTile] scores
+  extern __shared__ uint4 cand_u4[];  // [kCand] keys, then [kCand] positions
   uint32_t* ckey = reinterpret_cast<uint32_t*>(cand_u4);
   int32_t* cpos = reinterpret_cast<int32_t*>(ckey + kCand);
   const int row = int(blockIdx.x), tid = threadIdx.x;
@@ -188,8 +155,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_sample_kernel(DsaTopkParams 
   uint32_t prefix = 0, mask = 0, remaining = uint32_t(std::max<int64_t>(r, 1));
   radix_passes(SmemKeys{ckey}, kSamples, 16, sh, prefix, mask, remaining);
   // 2. the keys >= L (the samples' reads ended at radix_passes' last barrier)
-  const int m = gather_candidates<kRing>(score, int(n), prefix, ckey, cpos, cnt,
-                                         reinterpret_cast<float*>(cpos + kCand));
+  const int m = gather_candidates(score, int(n), prefix, ckey, cpos, cnt);
   // 3. the select over the candidates, or over the whole row
   if (m >= int(k) && m <= kCand)
     select_and_write<true>(
@@ -203,23 +169,17 @@ __global__ void __launch_bounds__(kThreads, 2) topk_sample_kernel(DsaTopkParams 
 
 static_assert(kDsaTopkSampleMaxK * 4 <= kCand, "about kCand / 2 candidates expected, >= topk needed");
 
-// K3_DSA_TOPK_RING=1 (read per call; a bench variant, not yet run on a GPU): the cp.async ring gather.
 void topk_sample_launch(const DsaTopkParams& p, cudaStream_t stream) {
-  constexpr size_t kSmem = size_t(kCand) * 8, kRingSmem = kSmem + size_t(kRingTiles) * kCandTile * 4;
-  static std::atomic<bool> attr_set[64] = {};  // 64 KB of candidates (+ 128 KB of ring), once per device
+  constexpr size_t kSmem = size_t(kCand) * 8;
+  static std::atomic<bool> attr_set[64] = {};  // the 64 KB of candidates, once per device
   int dev = 0;
   K3_CUDA_ASSERT(cudaGetDevice(&dev));
   if (dev >= 64 || !attr_set[dev].load()) {
-    K3_CUDA_ASSERT(cudaFuncSetAttribute(topk_sample_kernel<false>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-    K3_CUDA_ASSERT(cudaFuncSetAttribute(topk_sample_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(kRingSmem)));
+    K3_CUDA_ASSERT(
+        cudaFuncSetAttribute(topk_sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     if (dev < 64) attr_set[dev] = true;
   }
-  if (env_switch("K3_DSA_TOPK_RING", false))
-    topk_sample_kernel<true><<<unsigned(p.n_row), kThreads, kRingSmem, stream>>>(p);
-  else
-    topk_sample_kernel<false><<<unsigned(p.n_row), kThreads, kSmem, stream>>>(p);
+  topk_sample_kernel<<<unsigned(p.n_row), kThreads, kSmem, stream>>>(p);
   K3_CUDA_LAUNCH_CHECK();
 }
 
