@@ -319,30 +319,22 @@ int main(int argc, char** argv) {
       dsa_topk_ref(r);
       check(got == ref, "sample kernel: top-2048 of 64 rows x " + std::to_string(n) + " = reference set");
     }
-    // the cluster kernel with the sample bound: 16 CTAs of 8192 keys, then 4 of 8192 (rows of 32K); then
-    // with the histograms pushed (K3_DSA_TOPK_PUSH=1): 16 CTAs of 8192 keys, with and without the bound
-    struct BoundCase {
-      int64_t n;
-      bool bound, push;
-    };
-    for (const BoundCase c : {BoundCase{kMax, true, false}, BoundCase{32768, true, false},
-                              BoundCase{kMax, false, true}, BoundCase{kMax, true, true}}) {
-      DsaTopkParams tb = t;
-      tb.kernel = c.bound ? DsaTopkKernel::cluster_bound : DsaTopkKernel::cluster;
-      tb.cluster = int(c.n / 8192), tb.max_len = c.n;
-      set_lens(int(c.n));
-      if (c.push) setenv("K3_DSA_TOPK_PUSH", "1", 1);
+    // the cluster kernel, its histograms exchanged by cluster barriers (K3_DSA_TOPK_PUSH=0) and pushed (the
+    // default): 16 CTAs of 8192 keys a row
+    for (const bool push : {false, true}) {
+      DsaTopkParams tc = t;
+      tc.kernel = DsaTopkKernel::cluster, tc.cluster = 16;
+      if (!push) setenv("K3_DSA_TOPK_PUSH", "0", 1);
       CK(cudaMemset(sel, 0xff, size_t(B) * kTopk * 4));
-      dsa_topk_cuda(tb, g);
+      dsa_topk_cuda(tc, g);
       CK(cudaStreamSynchronize(g.stream));
       unsetenv("K3_DSA_TOPK_PUSH");
       got = down_i(sel, size_t(B) * kTopk);
-      std::fill(hl.begin(), hl.end(), int32_t(c.n));
-      r.max_len = c.n;
+      std::fill(hl.begin(), hl.end(), int32_t(kMax));
+      r.max_len = kMax;
       dsa_topk_ref(r);
-      check(got == ref, std::string("cluster kernel") + (c.bound ? " with the sample bound" : "") +
-                            (c.push ? " (push)" : "") + ": top-2048 of 64 rows x " + std::to_string(c.n) +
-                            " = reference set");
+      check(got == ref, std::string("cluster kernel") + (push ? "" : " (K3_DSA_TOPK_PUSH=0)") +
+                            ": top-2048 of 64 rows x 128K, 16 CTAs a row = reference set");
     }
     set_lens(kMax);
   }
@@ -350,7 +342,7 @@ int main(int argc, char** argv) {
   // ---- timing
   const float* q0 = q;
   std::vector<double> topk_us_b1, topk_us_b64, sum_us_b1, sum_us_b64, sample_sum_b1, sample_sum_b64,
-      bound_sum_b1, bound_sum_b64, push_sum_b1, push_sum_b64;
+      nopush_sum_b1, nopush_sum_b64;
   MlaSparseParams sp;
   uint16_t *latent = nullptr, *qm = nullptr;
   float* out = nullptr;
@@ -444,26 +436,16 @@ int main(int argc, char** argv) {
         tc.cluster = c;
         emit(tag + "_topk_c" + std::to_string(c) + "_us", graph_us(g, [&](int) { dsa_topk_cuda(tc, g); }),
              "us");
-        if (c > 1) {  // the histograms pushed (K3_DSA_TOPK_PUSH=1)
-          setenv("K3_DSA_TOPK_PUSH", "1", 1);
-          emit(tag + "_topk_c" + std::to_string(c) + "_push_us",
+        if (c > 1) {  // the histograms exchanged by cluster barriers (K3_DSA_TOPK_PUSH=0)
+          setenv("K3_DSA_TOPK_PUSH", "0", 1);
+          emit(tag + "_topk_c" + std::to_string(c) + "_nopush_us",
                graph_us(g, [&](int) { dsa_topk_cuda(tc, g); }), "us");
           unsetenv("K3_DSA_TOPK_PUSH");
         }
-        if (c >= 4 && ctx > 16384 && ctx <= 8192 * int64_t(c)) {  // where the sample bound applies
-          tc.kernel = DsaTopkKernel::cluster_bound;
-          emit(tag + "_topk_c" + std::to_string(c) + "_bound_us",
-               graph_us(g, [&](int) { dsa_topk_cuda(tc, g); }), "us");
-        }
       }
-      DsaTopkParams tb = t;  // the cluster kernel with the sample bound where it applies (b1: 32K, 128K)
-      tb.kernel = DsaTopkKernel::cluster_bound;
-      const double tkb = graph_us(g, [&](int) { dsa_topk_cuda(tb, g); });
-      emit(tag + "_topk_bound_us", tkb, "us");
-      setenv("K3_DSA_TOPK_PUSH", "1", 1);  // the automatic choice with the histograms pushed, then the bound
-      const double tkp = graph_us(g, [&](int) { dsa_topk_cuda(t, g); });
-      emit(tag + "_topk_push_us", tkp, "us");
-      emit(tag + "_topk_bound_push_us", graph_us(g, [&](int) { dsa_topk_cuda(tb, g); }), "us");
+      setenv("K3_DSA_TOPK_PUSH", "0", 1);  // the automatic choice with cluster barriers (before session 20)
+      const double tkn = graph_us(g, [&](int) { dsa_topk_cuda(t, g); });
+      emit(tag + "_topk_nopush_us", tkn, "us");
       unsetenv("K3_DSA_TOPK_PUSH");
       DsaTopkParams ts = t;  // the one-CTA sample-select kernel (dsa_topk_sample_cuda.cu)
       ts.kernel = DsaTopkKernel::sample;
@@ -496,16 +478,11 @@ int main(int argc, char** argv) {
       const double sum8 = (nb == 1 ? sum_us_b1 : sum_us_b64).front();
       emit_met(tag + "_topk_sparse_mla_us", tk + ms, "us", "top-k + sparse MLA us at 8K", sum8,
                "top-2048 + sparse MLA cost flat in context (<= 1.3x the 8K time)", tk + ms <= 1.3 * sum8);
-      (nb == 1 ? push_sum_b1 : push_sum_b64).push_back(tkp + ms);
-      const double push8 = (nb == 1 ? push_sum_b1 : push_sum_b64).front();
-      emit_met(tag + "_topk_push_sparse_mla_us", tkp + ms, "us",
-               "top-k (histograms pushed) + sparse MLA us at 8K", push8,
-               "top-2048 + sparse MLA cost flat in context (<= 1.3x the 8K time)", tkp + ms <= 1.3 * push8);
-      (nb == 1 ? bound_sum_b1 : bound_sum_b64).push_back(tkb + ms);
-      const double bound8 = (nb == 1 ? bound_sum_b1 : bound_sum_b64).front();
-      emit_met(tag + "_topk_bound_sparse_mla_us", tkb + ms, "us",
-               "top-k (cluster kernel, sample bound) + sparse MLA us at 8K", bound8,
-               "top-2048 + sparse MLA cost flat in context (<= 1.3x the 8K time)", tkb + ms <= 1.3 * bound8);
+      (nb == 1 ? nopush_sum_b1 : nopush_sum_b64).push_back(tkn + ms);
+      const double nopush8 = (nb == 1 ? nopush_sum_b1 : nopush_sum_b64).front();
+      emit_met(tag + "_topk_nopush_sparse_mla_us", tkn + ms, "us",
+               "top-k (K3_DSA_TOPK_PUSH=0) + sparse MLA us at 8K", nopush8,
+               "top-2048 + sparse MLA cost flat in context (<= 1.3x the 8K time)", tkn + ms <= 1.3 * nopush8);
       (nb == 1 ? sample_sum_b1 : sample_sum_b64).push_back(tks + ms);
       const double sample8 = (nb == 1 ? sample_sum_b1 : sample_sum_b64).front();
       emit_met(tag + "_topk_sample_sparse_mla_us", tks + ms, "us",

@@ -17,13 +17,10 @@
 // histogram at T) came with the merges. Every CTA writes its selected positions in order with a block scan:
 // slot(s) = #greater before s + min(#equal before s, need). A relaxed cluster arrive after the last merge
 // and a wait at the end keep every CTA's histograms alive while peers read them.
-// The sample bound (kBound; rows longer than kBoundMinLen, clusters of >= 4 CTAs, chunks <= 8192 keys):
-// before the passes, L = the top 16 bits of the r-th largest of S = 4096 scores (S / C evenly spaced in each
-// chunk; two cluster passes over them), r = ceil(S * 4096 / n), so that about 4096 keys of the row are >= L.
-// Every CTA counts its keys >= L; where the cluster's count is >= topk, the topk-th largest key is >= L and
-// so is every key > T or == T, so each CTA compacts its keys >= L in place (in order, with 16-bit offsets)
-// and the four passes and the write run over those only (~topk * 2 / C keys a CTA instead of the chunk).
-// Otherwise (many equal scores at the bound) over every key, as without the bound.
+// kPush (the default since session 20 where the exchange fits beside the keys; K3_DSA_TOPK_PUSH=0: off):
+// the histograms travel the other way, without cluster barriers: each CTA st.asyncs its histogram into
+// every CTA's receive buffer, counted on an mbarrier there (Exchange below), and sums them from its own
+// shared memory. H100, session 20: b1 8K / 32K / 128K 12.6 / 15.5 / 22.3 -> 11.1 / 12.5 / 20.1 us.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -48,14 +45,7 @@ constexpr int64_t kKeysPerCta = 8192;     // the earlier rule (K3_DSA_TOPK_FILL=
 constexpr int64_t kSampleMinLen = 16384;  // the automatic choice takes the sample kernel above this length
 constexpr int kMaxCluster = 16;           // non-portable above 8: checked once per device, else 8
 constexpr int kStageKeys = 16384;         // a CTA's chunk up to this long is staged in shared memory (64 KB)
-// The sample bound (DsaTopkKernel::cluster_bound, or K3_DSA_TOPK_BOUND=1 with the automatic choice):
-constexpr int kBoundSamples = 4096;      // S, the samples of a row
-constexpr int kBoundTarget = 4096;       // about this many keys of a row are >= L
-constexpr int64_t kBoundMinLen = 16384;  // rows longer than this
-constexpr int kBoundMinCluster = 4;      // clusters of at least 4 CTAs (<= 1024 samples a CTA)
-constexpr int kBoundMaxChunk = 8192;     // chunks of at most 8192 keys (16-bit offsets, 52 KB a CTA)
-constexpr size_t kBoundSmem = kBoundMaxChunk * 6 + kBoundSamples / kBoundMinCluster * 4;
-
+constexpr size_t kPushSmem = 68 * 1024;   // staged keys + exchange up to this keep 3 CTAs an SM (228 KB)
 __device__ __forceinline__ void cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
 }
@@ -72,8 +62,7 @@ __device__ __forceinline__ void cluster_wait() {
 // wait orders the data.
 struct Exchange {
   uint32_t* recv;   // [2][C][256]
-  uint64_t* bar;    // [3]: the two pass buffers, the sample bound's counts
-  uint32_t* count;  // [C]: the sample bound's counts of the cluster's CTAs
+  uint64_t* bar;    // [2]: one a buffer
 };
 
 __device__ __forceinline__ uint32_t mapa(uint32_t addr, uint32_t rank) {
@@ -86,12 +75,6 @@ __device__ __forceinline__ void st_async(uint32_t addr, uint32_t bar, uint32_t r
       "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
           mapa(addr, rank)),
       "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(mapa(bar, rank))
-      : "memory");
-}
-__device__ __forceinline__ void st_async(uint32_t addr, uint32_t bar, uint32_t rank, uint32_t v) {
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(mapa(addr, rank)),
-      "r"(v), "r"(mapa(bar, rank))
       : "memory");
 }
 __device__ __forceinline__ void mbar_arm(uint32_t bar, uint32_t bytes) {
@@ -108,19 +91,15 @@ __device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity)
         : "memory");
 }
 
-// Radix passes of the cluster over this CTA's keys 0 .. m-1 (a pass a digit, from bit 24 down to
-// last_shift; `pass` counts every pass of the kernel so the two histogram buffers alternate across calls): on
-// return prefix / mask hold the chosen digits, remaining the rank of the wanted key among the keys sharing
-// them, gt_lower the lower ranks' keys above the chosen digits; sh.eq_lower their keys == the final prefix
-// when last_shift is 0 (whose last merge, without kPush, also arrives on the cluster barrier the kernel's end
-// waits on).
+// The 4 radix passes of the cluster over this CTA's keys 0 .. m-1: on return prefix holds T, remaining the
+// number of keys == T to take, gt_lower the lower ranks' keys > T, sh.eq_lower their keys == T. Without
+// kPush the last merge arrives on the cluster barrier the kernel's end waits on.
 template <bool kPush, class Keys>
 __device__ __forceinline__ void cluster_passes(cg::cluster_group& cluster, int C, int rank, const Keys& key,
-                                               int m, int last_shift, int& pass, TopkShared& sh,
-                                               const Exchange& x, uint32_t& prefix, uint32_t& mask,
-                                               uint32_t& remaining, uint32_t& gt_lower) {
+                                               int m, TopkShared& sh, const Exchange& x, uint32_t& prefix,
+                                               uint32_t& mask, uint32_t& remaining, uint32_t& gt_lower) {
   const int tid = threadIdx.x, warp = tid >> 5;
-  for (int shift = 24; shift >= last_shift; shift -= 8, ++pass) {
+  for (int shift = 24, pass = 0; shift >= 0; shift -= 8, ++pass) {
     uint32_t* hist = sh.hist[pass & 1];
     for (int b = tid; b < 256; b += kThreads) hist[b] = 0;
     const uint32_t bar = kPush ? smem_addr(&x.bar[pass & 1]) : 0u;
@@ -175,75 +154,22 @@ __device__ __forceinline__ void cluster_passes(cg::cluster_group& cluster, int C
   }
 }
 
-// kBound: the cluster's sample bound (see the top of the file): L, the top 16 bits of the r-th largest of
-// kBoundSamples scores, S / C evenly spaced in each chunk (two cluster passes over them).
-template <bool kPush>
-__device__ __forceinline__ uint32_t sample_bound(cg::cluster_group& cluster, int C, int rank, int64_t n,
-                                                 const uint32_t* skey, int m, uint32_t* samp, int& pass,
-                                                 TopkShared& sh, const Exchange& x) {
-  const int per = kBoundSamples / C;  // >= 256 (C <= 16), <= kBoundSamples / kBoundMinCluster
-  for (int i = threadIdx.x; i < per; i += kThreads)
-    samp[i] = m > 0 ? skey[(2 * int64_t(i) + 1) * m / (2 * per)] : 0u;
-  __syncthreads();
-  const int64_t r = std::clamp<int64_t>((int64_t(per) * C * kBoundTarget + n - 1) / n, 1, int64_t(per) * C);
-  uint32_t prefix = 0, mask = 0, remaining = uint32_t(r), unused = 0;
-  cluster_passes<kPush>(cluster, C, rank, SmemKeys{samp}, per, 16, pass, sh, x, prefix, mask, remaining,
-                        unused);
-  return prefix;
-}
-
-// kBound: keeps this CTA's keys >= L, in order, in skey[0 ..) and their offsets in spos; returns how many.
-// In place: a tile's keys are all read (into registers, before the scan's barriers) before any is written,
-// and a key only moves down. Ends with a barrier.
-__device__ __forceinline__ int compact_above(uint32_t* skey, uint16_t* spos, int m, uint32_t L,
-                                             typename Scan::TempStorage& scan_tmp) {
-  const uint4* vec = reinterpret_cast<const uint4*>(skey);
-  int base = 0;
-  for (int t0 = 0; t0 < m; t0 += kTile) {
-    const int j0 = t0 + int(threadIdx.x) * kItems;
-    uint32_t k[kItems], take = 0;
-    if (j0 + kItems <= m) {
-      const uint4 a = vec[j0 / 4], b = vec[j0 / 4 + 1];
-      k[0] = a.x, k[1] = a.y, k[2] = a.z, k[3] = a.w, k[4] = b.x, k[5] = b.y, k[6] = b.z, k[7] = b.w;
-    } else {
-#pragma unroll
-      for (int j = 0; j < kItems; ++j) k[j] = j0 + j < m ? skey[j0 + j] : 0u;
-    }
-#pragma unroll
-    for (int j = 0; j < kItems; ++j) take += (j0 + j < m && k[j] >= L) ? 1u : 0u;
-    uint32_t excl, total;
-    Scan(scan_tmp).ExclusiveSum(take, excl, total);
-    int s = base + int(excl);
-#pragma unroll
-    for (int j = 0; j < kItems; ++j)
-      if (j0 + j < m && k[j] >= L) skey[s] = k[j], spos[s] = uint16_t(j0 + j), ++s;
-    base += int(total);
-    __syncthreads();  // scan_tmp reuse; the moved keys visible
-  }
-  return base;
-}
-
-// Dynamic shared memory: the keys (kStaged: ceil(max_len / C) order keys; kBound: kBoundSmem), then with
-// kPush the exchange (Exchange: recv, bar, count) from keys_bytes on.
-__host__ __device__ constexpr size_t keys_bytes(bool staged, bool bound, int64_t max_len, int C) {
-  return bound ? kBoundSmem : staged ? size_t((max_len + C - 1) / C * 4 + 15) / 16 * 16 : 0;
+// Dynamic shared memory: kStaged: ceil(max_len / C) order keys; then, with kPush, the Exchange (recv, bar).
+__host__ __device__ constexpr size_t keys_bytes(bool staged, int64_t max_len, int C) {
+  return staged ? size_t((max_len + C - 1) / C * 4 + 15) / 16 * 16 : 0;
 }
 __host__ __device__ constexpr size_t exchange_bytes(int C) {
-  return size_t(2 * C * 256) * 4 + 3 * 8 + size_t(kMaxCluster) * 4;
+  return size_t(2 * C * 256) * 4 + 2 * 8;
 }
 
-// kBound: 2 CTAs an SM (64 registers; at 40 it spills), used where the rows are few (b1 - b8 at 128K).
-template <bool kStaged, bool kBound, bool kPush>
-__global__ void __launch_bounds__(kThreads, kStaged && !kBound ? 3 : 2) topk_kernel(DsaTopkParams p) {
-  static_assert(kStaged || !kBound, "the bound works on staged chunks");
+template <bool kStaged, bool kPush>
+__global__ void __launch_bounds__(kThreads, kStaged ? 3 : 2) topk_kernel(DsaTopkParams p) {
   cg::cluster_group cluster = cg::this_cluster();
   const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   const int row = int(blockIdx.x) / C;
   __shared__ TopkShared sh;
   __shared__ typename Scan::TempStorage scan_tmp;
-  extern __shared__ uint4 staged_u4[];  // kStaged: [chunk] order keys; kBound: [kBoundMaxChunk] keys,
-                                        // [kBoundMaxChunk] offsets (16-bit), [kBoundSamples / 4] samples;
-                                        // kPush: then the Exchange
+  extern __shared__ uint4 staged_u4[];  // kStaged: [chunk] order keys; kPush: then the Exchange
   const int tid = threadIdx.x;
   const int64_t n = p.row_len ? int64_t(p.row_len[row]) : p.len0 + row;
   int32_t* out = p.sel + int64_t(row) * p.topk;
@@ -254,14 +180,13 @@ __global__ void __launch_bounds__(kThreads, kStaged && !kBound ? 3 : 2) topk_ker
   }
   Exchange x = {};
   if constexpr (kPush) {
-    char* base = reinterpret_cast<char*>(staged_u4) + keys_bytes(kStaged, kBound, p.max_len, C);
+    char* base = reinterpret_cast<char*>(staged_u4) + keys_bytes(kStaged, p.max_len, C);
     x.recv = reinterpret_cast<uint32_t*>(base);
     x.bar = reinterpret_cast<uint64_t*>(base + size_t(2 * C * 256) * 4);
-    x.count = reinterpret_cast<uint32_t*>(x.bar + 3);
     if (C > 1) {
-      if (tid == 0) {  // each mbarrier: one arrival a phase (the passes arm theirs as they start)
-        for (int i = 0; i < 3; ++i) mbar_init(smem_addr(&x.bar[i]), 1);
-        if (kBound) mbar_arm(smem_addr(&x.bar[2]), uint32_t(C) * 4u);
+      if (tid == 0) {  // each mbarrier: one arrival a phase (each pass arms its own as it starts)
+        mbar_init(smem_addr(&x.bar[0]), 1);
+        mbar_init(smem_addr(&x.bar[1]), 1);
         fence_mbar_init();
       }
       cluster_arrive_relaxed();  // waited on below, before the first store into a peer
@@ -269,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, kStaged && !kBound ? 3 : 2) topk_ker
   }
   const int64_t chunk = (n + C - 1) / C;
   const int64_t lo = std::min<int64_t>(n, rank * chunk), hi = std::min<int64_t>(n, lo + chunk);
-  int m = int(hi - lo);                                     // n < 2^31 (row_len is int32)
+  const int m = int(hi - lo);                               // n < 2^31 (row_len is int32)
   const float* score = p.score + int64_t(row) * p.ld + lo;  // score[j] = score of position lo + j
   uint32_t* skey = reinterpret_cast<uint32_t*>(staged_u4);
   if constexpr (kStaged) stage_keys(score, m, skey);
@@ -281,51 +206,12 @@ __global__ void __launch_bounds__(kThreads, kStaged && !kBound ? 3 : 2) topk_ker
   }();
   if (kPush && C > 1) cluster_wait();  // every CTA's mbarriers are set
 
-  int pass = 0;
-  bool bounded = false;  // the passes run over this CTA's keys >= L, compacted
-  uint16_t* spos = reinterpret_cast<uint16_t*>(skey + kBoundMaxChunk);
-  if constexpr (kBound) {
-    if (n > kBoundMinLen) {  // the same decision in every CTA of the cluster
-      __syncthreads();       // the staged keys
-      uint32_t* samp = reinterpret_cast<uint32_t*>(spos + kBoundMaxChunk);
-      const uint32_t L = sample_bound<kPush>(cluster, C, rank, n, skey, m, samp, pass, sh, x);
-      uint32_t c = 0;
-      for (int j = tid; j < m; j += kThreads) c += skey[j] >= L ? 1u : 0u;
-      c = __reduce_add_sync(0xffffffffu, c);
-      if (tid == 0) sh.count = 0;
-      __syncthreads();
-      if ((tid & 31) == 0) atomicAdd(&sh.count, c);
-      if constexpr (kPush) {  // every CTA's count into every CTA's x.count[rank]
-        __syncthreads();
-        if (tid < C) st_async(smem_addr(&x.count[rank]), smem_addr(&x.bar[2]), uint32_t(tid), sh.count);
-        mbar_wait_cluster(smem_addr(&x.bar[2]), 0u);
-      } else {
-        cluster.sync();  // every CTA's count
-      }
-      if (tid < 32) {
-        uint32_t t = tid >= C ? 0u : kPush ? x.count[tid] : *cluster.map_shared_rank(&sh.count, tid);
-        t = __reduce_add_sync(0xffffffffu, t);
-        if (tid == 0) sh.total = t;
-      }
-      __syncthreads();
-      // the topk-th largest key is >= L where at least topk keys are; else the passes take every key
-      bounded = sh.total >= uint32_t(p.topk);
-      if (bounded) m = compact_above(skey, spos, m, L, scan_tmp);
-    }
-  }
-
   uint32_t prefix = 0, mask = 0, remaining = uint32_t(p.topk), gt_lower = 0;
-  cluster_passes<kPush>(cluster, C, rank, key, m, 0, pass, sh, x, prefix, mask, remaining, gt_lower);
+  cluster_passes<kPush>(cluster, C, rank, key, m, sh, x, prefix, mask, remaining, gt_lower);
   const uint32_t T = prefix, need = remaining;
 
-  if (kBound && bounded)
-    write_selected<true>(
-        key, staged_u4, [lo, spos](int j) { return int32_t(lo + spos[j]); }, m, T, need, gt_lower,
-        sh.eq_lower, out, scan_tmp);
-  else
-    write_selected<kStaged>(
-        key, staged_u4, [lo](int j) { return int32_t(lo + j); }, m, T, need, gt_lower, sh.eq_lower, out,
-        scan_tmp);
+  const auto pos = [lo](int j) { return int32_t(lo + j); };
+  write_selected<kStaged>(key, staged_u4, pos, m, T, need, gt_lower, sh.eq_lower, out, scan_tmp);
   // Without kPush no CTA exits while a peer may still read its histograms. With it every store into a CTA
   // is counted by an mbarrier the CTA waits on before it goes on.
   if (!kPush && C > 1) cluster_wait();
@@ -346,29 +232,25 @@ cudaLaunchConfig_t launch_config(int C, const DsaTopkParams& p, size_t smem, cud
 
 using TopkKernel = void (*)(DsaTopkParams);
 
-// The instantiation for a launch: staged chunks, the sample bound (staged only), the histograms pushed.
-TopkKernel topk_kernel_for(bool staged, bool bound, bool push) {
-  if (bound) return push ? topk_kernel<true, true, true> : topk_kernel<true, true, false>;
-  if (staged) return push ? topk_kernel<true, false, true> : topk_kernel<true, false, false>;
-  return push ? topk_kernel<false, false, true> : topk_kernel<false, false, false>;
+TopkKernel topk_kernel_for(bool staged, bool push) {
+  if (staged) return push ? topk_kernel<true, true> : topk_kernel<true, false>;
+  return push ? topk_kernel<false, true> : topk_kernel<false, false>;
 }
 
 // The largest cluster this device runs (16 where the non-portable size fits, else 8); the kernels'
-// attributes (up to 64 KB of staged keys + the exchange, non-portable clusters) are set on the way, once per
-// device.
+// attributes (64 KB of staged keys and exchange, non-portable clusters) are set on the way, once per device.
 int max_cluster() {
   static std::atomic<int> known[64] = {};
   int dev = 0;
   K3_CUDA_ASSERT(cudaGetDevice(&dev));
   if (dev < 64 && known[dev].load() > 0) return known[dev].load();
   bool non_portable = true;
-  for (int k = 0; k < 6; ++k) {
-    const bool staged = k < 4, bound = k < 2, push = k % 2;
-    const TopkKernel f = topk_kernel_for(staged, bound, push);
-    const size_t smem = (bound    ? kBoundSmem
-                         : staged ? kStageKeys * sizeof(uint32_t)
-                                  : 0) +
-                        (push ? exchange_bytes(kMaxCluster) : 0);
+  for (int k = 0; k < 4; ++k) {
+    const bool staged = k < 2, push = k % 2;
+    const TopkKernel f = topk_kernel_for(staged, push);
+    const size_t smem = staged ? (push ? kPushSmem : kStageKeys * sizeof(uint32_t))
+                        : push ? exchange_bytes(kMaxCluster)
+                               : 0;
     if (smem > 0)
       K3_CUDA_ASSERT(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     non_portable = non_portable &&
@@ -382,7 +264,7 @@ int max_cluster() {
     const cudaLaunchConfig_t cfg =
         launch_config(kMaxCluster, one, kStageKeys * sizeof(uint32_t), nullptr, attr);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, topk_kernel<true, false, false>, &cfg) == cudaSuccess &&
+    if (cudaOccupancyMaxActiveClusters(&clusters, topk_kernel<true, false>, &cfg) == cudaSuccess &&
         clusters > 0)
       best = kMaxCluster;
   }
@@ -417,8 +299,8 @@ void dsa_topk_cuda(const DsaTopkParams& p, GpuContext& g) {
   // The automatic choice (H100, session 19, bench_dsa): the sample kernel where the rows alone fill a
   // quarter of the SMs and are longer than kSampleMinLen (b64 x 32K / 128K: 32.2 / 94.5 -> 29.7 / 54.9 us),
   // the cluster kernel elsewhere (b1: one CTA reading 128K keys takes 47 us, 16 CTAs 22.6; b64 x 8K: 17.1
-  // against 18.2). K3_DSA_TOPK_SAMPLE=1 / 0: the sample kernel always / never. K3_DSA_TOPK_BOUND=1 (read per
-  // call; not yet timed on a GPU): the cluster kernel with the sample bound where it applies.
+  // against 18.2). K3_DSA_TOPK_SAMPLE=1 / 0: the sample kernel always / never. K3_DSA_TOPK_PUSH=0 (read per
+  // call): the cluster kernel's histograms exchanged by cluster barriers and remote loads instead.
   static const int sample_env = env_value("K3_DSA_TOPK_SAMPLE").empty()   ? -1
                                 : env_switch("K3_DSA_TOPK_SAMPLE", false) ? 1
                                                                           : 0;
@@ -434,15 +316,14 @@ void dsa_topk_cuda(const DsaTopkParams& p, GpuContext& g) {
   const int C = p.cluster > 0 ? std::min(p.cluster, c_max) : auto_cluster(p, c_max);
   const int64_t chunk = (p.max_len + C - 1) / C;  // the longest chunk of any row
   const bool staged = chunk <= kStageKeys;
-  const bool bound_asked = p.kernel == DsaTopkKernel::cluster_bound ||
-                           (p.kernel == DsaTopkKernel::automatic && env_switch("K3_DSA_TOPK_BOUND", false));
-  const bool bound =
-      bound_asked && C >= kBoundMinCluster && chunk <= kBoundMaxChunk && p.max_len > kBoundMinLen;
-  const bool push = C > 1 && env_switch("K3_DSA_TOPK_PUSH", false);
+  // kPush where keys and exchange keep 3 CTAs an SM (not b64 x 128K at 8 CTAs a row: 96 -> 104 us), or on
+  // unstaged chunks
+  const size_t keys = keys_bytes(staged, p.max_len, C);
+  const bool push =
+      C > 1 && env_switch("K3_DSA_TOPK_PUSH", true) && (!staged || keys + exchange_bytes(C) <= kPushSmem);
   cudaLaunchAttribute attr[1];
-  const size_t smem = keys_bytes(staged, bound, p.max_len, C) + (push ? exchange_bytes(C) : 0);
-  const cudaLaunchConfig_t cfg = launch_config(C, p, smem, g.stream, attr);
-  K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, topk_kernel_for(staged, bound, push), p));
+  const cudaLaunchConfig_t cfg = launch_config(C, p, keys + (push ? exchange_bytes(C) : 0), g.stream, attr);
+  K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, topk_kernel_for(staged, push), p));
 }
 
 }  // namespace k3

@@ -7,8 +7,7 @@
 // cases_dsa_sparse.cpp.
 // Top-k: exact equality of the selected sets with many ties (few distinct values, +0 / -0 mixed, whole rows
 // equal), rows at and around topk, forced cluster sizes, a 1M-long row, and the sample kernel
-// (DsaTopkKernel::sample) and the cluster kernel's sample bound (cluster_bound) on each law and on rows whose
-// largest scores crowd at the end.
+// (DsaTopkKernel::sample) on each law, and rows whose largest scores crowd at the end.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -24,7 +23,7 @@ namespace k3::opt {
 namespace {
 
 // ---- top-k ----
-enum class Law { normal, few_levels, signed_zeros, all_equal, rising, spikes };
+enum class Law { normal, few_levels, signed_zeros, all_equal, rising };
 
 struct TopkState {
   int topk = 0, cluster = 0;
@@ -42,8 +41,7 @@ const char* law_name(Law l) {
          : l == Law::few_levels   ? "4-levels"
          : l == Law::signed_zeros ? "+-0"
          : l == Law::all_equal    ? "equal"
-         : l == Law::rising       ? "rising"
-                                  : "spikes";
+                                  : "rising";
 }
 
 void add_topk(CaseList& cases, int topk, std::vector<int32_t> lens, int64_t len0, int n_prefill, Law law,
@@ -60,7 +58,6 @@ void add_topk(CaseList& cases, int topk, std::vector<int32_t> lens, int64_t len0
   }
   shape += std::string(" law=") + law_name(law) + " cluster=" + std::to_string(cluster);
   if (kernel == DsaTopkKernel::sample) shape += " sample";
-  if (kernel == DsaTopkKernel::cluster_bound) shape += " bound";
   cases.push_back(std::make_unique<FnCase>(
       "dsa_topk", shape, 0.0,
       [st](Rng& rng) {
@@ -86,10 +83,6 @@ void add_topk(CaseList& cases, int topk, std::vector<int32_t> lens, int64_t len0
               break;
             case Law::rising:  // the largest scores crowd at the end of the row (the last CTAs' chunks)
               v = float(i % size_t(st->ld)) * 1e-3f + 0.1f * rng.normal();
-              break;
-            case Law::spikes:  // 1000 of the bound's 4096 samples (n = 131072, C = 16) far above the rest:
-                               // fewer than topk keys pass it (the cluster kernel's fallback)
-              v = i % size_t(st->ld) % 32 == 16 && i % size_t(st->ld) < 32000 ? 100.f : rng.normal();
               break;
           }
         }
@@ -307,21 +300,8 @@ K3_OP_CASES(dsa_cases) {
   add_topk(cases, 100, {20000, 300000}, 0, 0, Law::normal, 0, kSample);
   add_topk(cases, 2048, {1 << 20}, 0, 0, Law::normal, 0, kSample);
   add_topk(cases, 2048, {70001, 131072}, 0, 0, Law::rising, 0, kSample);
-  // the cluster kernel with the sample bound (rows > 16K, 4+ CTAs of <= 8192 keys; shorter rows of the same
-  // launch take the plain passes): every law, skewed rows, prefill rows, forced clusters of 4 and 8
-  constexpr DsaTopkKernel kBound = DsaTopkKernel::cluster_bound;
-  add_topk(cases, 2048, {131072, 70001, 20000, 16385, 16384, 8192, 2049, 1}, 0, 0, Law::normal, 16, kBound);
-  add_topk(cases, 2048, {131072, 40000}, 0, 0, Law::few_levels, 16, kBound);
-  add_topk(cases, 2048, {131072, 50000}, 0, 0, Law::signed_zeros, 16, kBound);
-  add_topk(cases, 2048, {131072, 30000}, 0, 0, Law::all_equal, 16, kBound);
-  add_topk(cases, 2048, {131072, 70001, 17000}, 0, 0, Law::rising, 16, kBound);
-  add_topk(cases, 2048, {131072, 131072}, 0, 0, Law::spikes, 16, kBound);
-  add_topk(cases, 2048, {131072}, 0, 0, Law::normal, 0, kBound);  // the automatic cluster size (16)
-  add_topk(cases, 2048, {}, 20000, 21, Law::normal, 16, kBound);
-  add_topk(cases, 2048, {32768, 20001}, 0, 0, Law::normal, 4, kBound);
-  add_topk(cases, 2048, {65536, 33000}, 0, 0, Law::rising, 8, kBound);
-  add_topk(cases, 100, {131072, 20000}, 0, 0, Law::normal, 16, kBound);
-  add_topk(cases, 2048, {1 << 20, 131072}, 0, 0, Law::normal, 16, kBound);  // chunks past 8192: no bound
+  add_topk(cases, 2048, {131072, 70001, 17000}, 0, 0, Law::rising, 16);  // the top crowd in the last chunk
+  add_topk(cases, 2048, {65536, 33000}, 0, 0, Law::rising, 8);
 }
 
 }  // namespace k3::opt
