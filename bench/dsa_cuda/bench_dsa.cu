@@ -321,6 +321,7 @@ int main(int argc, char** argv) {
     }
     // the cluster kernel, its histograms exchanged by cluster barriers (K3_DSA_TOPK_PUSH=0) and pushed (the
     // default): 16 CTAs of 8192 keys a row
+    set_lens(kMax);
     for (const bool push : {false, true}) {
       DsaTopkParams tc = t;
       tc.kernel = DsaTopkKernel::cluster, tc.cluster = 16;

@@ -131,8 +131,10 @@ bench_envs() {
     echo "rc=$?"
     grep -E 'index_kernel|topk_kernel|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|No Eligible' \
       "$out/ncu_dsa.txt" | cut -c1-150 | head -90
-    if [ -n "${NCU_DSA_SRC:-}" ]; then  # top-k's source page (csv): b1 x 8K (launch 0), b64 x 128K (launch 6)
-      for sk in 0 6; do
+    # top-k's source page (csv) of the cluster kernel's launches NCU_DSA_SKIPS (0 1: b1 x 8K, 2 3: b64 x 8K,
+    # 4 5: b1 x 128K; b64 x 128K runs the sample kernel, which the regex leaves out)
+    if [ -n "${NCU_DSA_SRC:-}" ]; then
+      for sk in ${NCU_DSA_SKIPS:-0 4}; do
         timeout "${NCU_BUDGET:-60}" ncu --kernel-name regex:topk_kernel --launch-skip $sk --launch-count 1 \
           --clock-control none --section SourceCounters --section InstructionStats --section WarpStateStats \
           --import-source yes -f -o "$out/ncu_src_topk$sk" "$B/bench_dsa" /dev/null x profile >/dev/null 2>&1
