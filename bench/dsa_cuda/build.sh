@@ -3,7 +3,7 @@
 # for the sparse MLA, and the bench driver) with nvcc for sm_90a, standalone (no CMake), one object per
 # source rebuilt only when the source is newer; default OUT_DIR = build-dsa/bench. DSA_FLAGS: extra nvcc flags
 # (a build variant, objects kept apart), DSA_NAME: the binary's name (bench_dsa; validate.sh runs bench_dsa_old
-# beside the default, e.g. DSA_NAME=bench_dsa_old DSA_FLAGS=-DK3_TOPK_STAGE_LOADS=8).
+# beside the default, e.g. DSA_NAME=bench_dsa_old DSA_FLAGS=-DSOME_SWITCH=0).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-$here/build-dsa/bench}

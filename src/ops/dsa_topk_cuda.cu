@@ -46,11 +46,6 @@ constexpr int64_t kSampleMinLen = 16384;  // the automatic choice takes the samp
 constexpr int kMaxCluster = 16;           // non-portable above 8: checked once per device, else 8
 constexpr int kStageKeys = 16384;         // a CTA's chunk up to this long is staged in shared memory (64 KB)
 constexpr size_t kPushSmem = 68 * 1024;   // staged keys + exchange up to this keep 3 CTAs an SM (228 KB)
-#ifndef K3_TOPK_STAGE_LOADS
-#define K3_TOPK_STAGE_LOADS 16
-#endif
-constexpr int kStageLoads =
-    K3_TOPK_STAGE_LOADS;  // loads in flight a thread while staging (8 before session 20)
 __device__ __forceinline__ void cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
 }
@@ -202,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, kStaged ? 3 : 2) topk_kernel(DsaTopk
   const int m = int(hi - lo);                               // n < 2^31 (row_len is int32)
   const float* score = p.score + int64_t(row) * p.ld + lo;  // score[j] = score of position lo + j
   uint32_t* skey = reinterpret_cast<uint32_t*>(staged_u4);
-  if constexpr (kStaged) stage_keys<kStageLoads>(score, m, skey);
+  if constexpr (kStaged) stage_keys(score, m, skey);
   const auto key = [&] {
     if constexpr (kStaged)
       return SmemKeys{skey};

@@ -45,15 +45,14 @@ struct GlobalKeys {
   __device__ __forceinline__ uint32_t operator()(int j) const { return order_key(__ldg(score + j)); }
 };
 
-// skey[j] = order key of score[j], j < m (kLoads loads in flight a thread). No barrier.
-template <int kLoads = 8>
+// skey[j] = order key of score[j], j < m (8 loads in flight a thread). No barrier.
 __device__ __forceinline__ void stage_keys(const float* score, int m, uint32_t* skey) {
-  for (int j0 = threadIdx.x; j0 < m; j0 += kLoads * kThreads) {
-    float v[kLoads];
+  for (int j0 = threadIdx.x; j0 < m; j0 += 8 * kThreads) {
+    float v[8];
 #pragma unroll
-    for (int u = 0; u < kLoads; ++u) v[u] = j0 + u * kThreads < m ? __ldg(score + j0 + u * kThreads) : 0.f;
+    for (int u = 0; u < 8; ++u) v[u] = j0 + u * kThreads < m ? __ldg(score + j0 + u * kThreads) : 0.f;
 #pragma unroll
-    for (int u = 0; u < kLoads; ++u)
+    for (int u = 0; u < 8; ++u)
       if (j0 + u * kThreads < m) skey[j0 + u * kThreads] = order_key(v[u]);
   }
 }
