@@ -320,22 +320,30 @@ int main(int argc, char** argv) {
       check(got == ref, "sample kernel: top-2048 of 64 rows x " + std::to_string(n) + " = reference set");
     }
     // the cluster kernel, its histograms exchanged by cluster barriers (K3_DSA_TOPK_PUSH=0) and pushed (the
-    // default): 16 CTAs of 8192 keys a row
+    // default): 16 CTAs of 8192 keys a row; then the first 4 rows with 1024-thread CTAs (pushed or not)
     set_lens(kMax);
-    for (const bool push : {false, true}) {
+    std::fill(hl.begin(), hl.end(), int32_t(kMax));
+    r.max_len = kMax;
+    dsa_topk_ref(r);
+    struct ClusterCase {
+      bool push, wide;
+    };
+    for (const ClusterCase c : {ClusterCase{false, false}, ClusterCase{true, false}, ClusterCase{true, true},
+                                ClusterCase{false, true}}) {
       DsaTopkParams tc = t;
-      tc.kernel = DsaTopkKernel::cluster, tc.cluster = 16;
-      if (!push) setenv("K3_DSA_TOPK_PUSH", "0", 1);
+      tc.kernel = DsaTopkKernel::cluster, tc.cluster = 16, tc.n_row = c.wide ? 4 : B;
+      setenv("K3_DSA_TOPK_PUSH", c.push ? "1" : "0", 1);
+      setenv("K3_DSA_TOPK_WIDE", c.wide ? "1" : "0", 1);
       CK(cudaMemset(sel, 0xff, size_t(B) * kTopk * 4));
       dsa_topk_cuda(tc, g);
       CK(cudaStreamSynchronize(g.stream));
       unsetenv("K3_DSA_TOPK_PUSH");
-      got = down_i(sel, size_t(B) * kTopk);
-      std::fill(hl.begin(), hl.end(), int32_t(kMax));
-      r.max_len = kMax;
-      dsa_topk_ref(r);
-      check(got == ref, std::string("cluster kernel") + (push ? "" : " (K3_DSA_TOPK_PUSH=0)") +
-                            ": top-2048 of 64 rows x 128K, 16 CTAs a row = reference set");
+      unsetenv("K3_DSA_TOPK_WIDE");
+      got = down_i(sel, size_t(tc.n_row) * kTopk);
+      check(std::equal(got.begin(), got.end(), ref.begin()),
+            std::string("cluster kernel") + (c.push ? ", pushed" : ", cluster barriers") +
+                (c.wide ? ", 1024 threads: top-2048 of 4 rows" : ": top-2048 of 64 rows") +
+                " x 128K, 16 CTAs a row = reference set");
     }
     set_lens(kMax);
   }
@@ -448,6 +456,12 @@ int main(int argc, char** argv) {
       const double tkn = graph_us(g, [&](int) { dsa_topk_cuda(t, g); });
       emit(tag + "_topk_nopush_us", tkn, "us");
       unsetenv("K3_DSA_TOPK_PUSH");
+      for (const char* w : {"0", "1"}) {  // 512-thread CTAs always; 1024 wherever the clusters run at once
+        setenv("K3_DSA_TOPK_WIDE", w, 1);
+        emit(tag + (w[0] == '0' ? "_topk_nowide_us" : "_topk_wide_us"),
+             graph_us(g, [&](int) { dsa_topk_cuda(t, g); }), "us");
+        unsetenv("K3_DSA_TOPK_WIDE");
+      }
       DsaTopkParams ts = t;  // the one-CTA sample-select kernel (dsa_topk_sample_cuda.cu)
       ts.kernel = DsaTopkKernel::sample;
       const double tks = graph_us(g, [&](int) { dsa_topk_cuda(ts, g); });

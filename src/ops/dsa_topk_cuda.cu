@@ -46,6 +46,7 @@ constexpr int64_t kSampleMinLen = 16384;  // the automatic choice takes the samp
 constexpr int kMaxCluster = 16;           // non-portable above 8: checked once per device, else 8
 constexpr int kStageKeys = 16384;         // a CTA's chunk up to this long is staged in shared memory (64 KB)
 constexpr size_t kPushSmem = 68 * 1024;   // staged keys + exchange up to this keep 3 CTAs an SM (228 KB)
+constexpr int64_t kWideMinChunk = 4096;   // 1024-thread CTAs (one an SM) for chunks at least this long
 __device__ __forceinline__ void cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
 }
@@ -94,23 +95,23 @@ __device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity)
 // The 4 radix passes of the cluster over this CTA's keys 0 .. m-1: on return prefix holds T, remaining the
 // number of keys == T to take, gt_lower the lower ranks' keys > T, sh.eq_lower their keys == T. Without
 // kPush the last merge arrives on the cluster barrier the kernel's end waits on.
-template <bool kPush, class Keys>
+template <bool kPush, int NT, class Keys>
 __device__ __forceinline__ void cluster_passes(cg::cluster_group& cluster, int C, int rank, const Keys& key,
                                                int m, TopkShared& sh, const Exchange& x, uint32_t& prefix,
                                                uint32_t& mask, uint32_t& remaining, uint32_t& gt_lower) {
   const int tid = threadIdx.x, warp = tid >> 5;
   for (int shift = 24, pass = 0; shift >= 0; shift -= 8, ++pass) {
     uint32_t* hist = sh.hist[pass & 1];
-    for (int b = tid; b < 256; b += kThreads) hist[b] = 0;
+    for (int b = tid; b < 256; b += NT) hist[b] = 0;
     const uint32_t bar = kPush ? smem_addr(&x.bar[pass & 1]) : 0u;
     if (kPush && C > 1 && tid == 0) mbar_arm(bar, uint32_t(C) * 1024u);
     __syncthreads();
-    histogram(key, m, prefix, mask, shift, hist);
+    histogram<NT>(key, m, prefix, mask, shift, hist);
     const uint32_t* recv = kPush ? x.recv + (pass & 1) * C * 256 : nullptr;
     if (kPush && C > 1) {
       __syncthreads();  // this CTA's histogram is complete
       const uint32_t slot = smem_addr(recv + rank * 256);
-      for (int i = tid; i < C * 64; i += kThreads)  // 64 16-byte pieces to each CTA
+      for (int i = tid; i < C * 64; i += NT)  // 64 16-byte pieces to each CTA
         st_async(slot + 16u * uint32_t(i & 63), bar, uint32_t(i >> 6),
                  reinterpret_cast<const uint4*>(hist)[i & 63]);
       mbar_wait_cluster(bar, uint32_t(pass >> 1) & 1u);
@@ -119,7 +120,7 @@ __device__ __forceinline__ void cluster_passes(cg::cluster_group& cluster, int C
     } else {
       __syncthreads();
     }
-    for (int b = tid; b < 256; b += kThreads) {
+    for (int b = tid; b < 256; b += NT) {
       uint32_t s = 0, low = 0;
       for (int r = 0; r < C; ++r) {
         const uint32_t v = C == 1 ? hist[b] : kPush ? recv[r * 256 + b] : cluster.map_shared_rank(hist, r)[b];
@@ -162,19 +163,23 @@ __host__ __device__ constexpr size_t exchange_bytes(int C) {
   return size_t(2 * C * 256) * 4 + 2 * 8;
 }
 
-template <bool kStaged, bool kPush>
-__global__ void __launch_bounds__(kThreads, kStaged ? 3 : 2) topk_kernel(DsaTopkParams p) {
+// NT threads a CTA: 512 (3 CTAs an SM staged, 2 not), or 1024 (one CTA an SM) where the rows' CTAs are
+// fewer than the SMs.
+template <bool kStaged, bool kPush, int NT>
+__global__ void __launch_bounds__(NT, NT > 512  ? 1
+                                      : kStaged ? 3
+                                                : 2) topk_kernel(DsaTopkParams p) {
   cg::cluster_group cluster = cg::this_cluster();
   const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   const int row = int(blockIdx.x) / C;
   __shared__ TopkShared sh;
-  __shared__ typename Scan::TempStorage scan_tmp;
+  __shared__ typename ScanT<NT>::TempStorage scan_tmp;
   extern __shared__ uint4 staged_u4[];  // kStaged: [chunk] order keys; kPush: then the Exchange
   const int tid = threadIdx.x;
   const int64_t n = p.row_len ? int64_t(p.row_len[row]) : p.len0 + row;
   int32_t* out = p.sel + int64_t(row) * p.topk;
   if (n <= p.topk) {  // the same decision in every CTA of the cluster: nobody touches remote memory
-    for (int64_t j = int64_t(rank) * kThreads + tid; j < p.topk; j += int64_t(C) * kThreads)
+    for (int64_t j = int64_t(rank) * NT + tid; j < p.topk; j += int64_t(C) * NT)
       out[j] = j < n ? int32_t(j) : -1;
     return;
   }
@@ -197,7 +202,7 @@ __global__ void __launch_bounds__(kThreads, kStaged ? 3 : 2) topk_kernel(DsaTopk
   const int m = int(hi - lo);                               // n < 2^31 (row_len is int32)
   const float* score = p.score + int64_t(row) * p.ld + lo;  // score[j] = score of position lo + j
   uint32_t* skey = reinterpret_cast<uint32_t*>(staged_u4);
-  if constexpr (kStaged) stage_keys(score, m, skey);
+  if constexpr (kStaged) stage_keys<NT>(score, m, skey);
   const auto key = [&] {
     if constexpr (kStaged)
       return SmemKeys{skey};
@@ -207,21 +212,21 @@ __global__ void __launch_bounds__(kThreads, kStaged ? 3 : 2) topk_kernel(DsaTopk
   if (kPush && C > 1) cluster_wait();  // every CTA's mbarriers are set
 
   uint32_t prefix = 0, mask = 0, remaining = uint32_t(p.topk), gt_lower = 0;
-  cluster_passes<kPush>(cluster, C, rank, key, m, sh, x, prefix, mask, remaining, gt_lower);
+  cluster_passes<kPush, NT>(cluster, C, rank, key, m, sh, x, prefix, mask, remaining, gt_lower);
   const uint32_t T = prefix, need = remaining;
 
   const auto pos = [lo](int j) { return int32_t(lo + j); };
-  write_selected<kStaged>(key, staged_u4, pos, m, T, need, gt_lower, sh.eq_lower, out, scan_tmp);
+  write_selected<kStaged, NT>(key, staged_u4, pos, m, T, need, gt_lower, sh.eq_lower, out, scan_tmp);
   // Without kPush no CTA exits while a peer may still read its histograms. With it every store into a CTA
   // is counted by an mbarrier the CTA waits on before it goes on.
   if (!kPush && C > 1) cluster_wait();
 }
 
 cudaLaunchConfig_t launch_config(int C, const DsaTopkParams& p, size_t smem, cudaStream_t stream,
-                                 cudaLaunchAttribute* attr) {
+                                 cudaLaunchAttribute* attr, int threads = kThreads) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(p.n_row) * unsigned(C));
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(unsigned(threads));
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -232,9 +237,11 @@ cudaLaunchConfig_t launch_config(int C, const DsaTopkParams& p, size_t smem, cud
 
 using TopkKernel = void (*)(DsaTopkParams);
 
-TopkKernel topk_kernel_for(bool staged, bool push) {
-  if (staged) return push ? topk_kernel<true, true> : topk_kernel<true, false>;
-  return push ? topk_kernel<false, true> : topk_kernel<false, false>;
+// wide: 1024 threads (staged chunks only; the unstaged kernel needs its 64 registers at 512)
+TopkKernel topk_kernel_for(bool staged, bool push, bool wide) {
+  if (staged && wide) return push ? topk_kernel<true, true, 1024> : topk_kernel<true, false, 1024>;
+  if (staged) return push ? topk_kernel<true, true, kThreads> : topk_kernel<true, false, kThreads>;
+  return push ? topk_kernel<false, true, kThreads> : topk_kernel<false, false, kThreads>;
 }
 
 // The largest cluster this device runs (16 where the non-portable size fits, else 8); the kernels'
@@ -245,9 +252,9 @@ int max_cluster() {
   K3_CUDA_ASSERT(cudaGetDevice(&dev));
   if (dev < 64 && known[dev].load() > 0) return known[dev].load();
   bool non_portable = true;
-  for (int k = 0; k < 4; ++k) {
-    const bool staged = k < 2, push = k % 2;
-    const TopkKernel f = topk_kernel_for(staged, push);
+  for (int k = 0; k < 6; ++k) {
+    const bool staged = k < 4, push = k % 2, wide = k >= 2 && k < 4;
+    const TopkKernel f = topk_kernel_for(staged, push, wide);
     const size_t smem = staged ? (push ? kPushSmem : kStageKeys * sizeof(uint32_t))
                         : push ? exchange_bytes(kMaxCluster)
                                : 0;
@@ -264,13 +271,32 @@ int max_cluster() {
     const cudaLaunchConfig_t cfg =
         launch_config(kMaxCluster, one, kStageKeys * sizeof(uint32_t), nullptr, attr);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, topk_kernel<true, false>, &cfg) == cudaSuccess &&
+    if (cudaOccupancyMaxActiveClusters(&clusters, topk_kernel<true, false, kThreads>, &cfg) == cudaSuccess &&
         clusters > 0)
       best = kMaxCluster;
   }
   (void)cudaGetLastError();  // a refused query leaves no sticky error; clear the last one
   if (dev < 64) known[dev] = best;
   return best;
+}
+
+// Clusters of C wide (1024-thread, staged, pushed) CTAs the device runs at once, with the most shared memory
+// they take (0: none; a 16-CTA cluster needs 16 SMs of one GPC), once per device and C.
+int wide_clusters(int C) {
+  static std::atomic<int> known[64][kMaxCluster + 1] = {};  // clusters + 1; 0: not asked yet
+  int dev = 0;
+  K3_CUDA_ASSERT(cudaGetDevice(&dev));
+  if (dev < 64 && known[dev][C].load() > 0) return known[dev][C].load() - 1;
+  DsaTopkParams one;
+  one.n_row = 1;
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = launch_config(C, one, kPushSmem, nullptr, attr, 1024);
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, topk_kernel<true, true, 1024>, &cfg) != cudaSuccess)
+    clusters = 0;
+  (void)cudaGetLastError();
+  if (dev < 64) known[dev][C] = clusters + 1;
+  return clusters;
 }
 
 // CTAs per row when the caller leaves it open: as many as fill the resident slots of one wave
@@ -321,9 +347,16 @@ void dsa_topk_cuda(const DsaTopkParams& p, GpuContext& g) {
   const size_t keys = keys_bytes(staged, p.max_len, C);
   const bool push =
       C > 1 && env_switch("K3_DSA_TOPK_PUSH", true) && (!staged || keys + exchange_bytes(C) <= kPushSmem);
+  // 1024 threads a CTA (one an SM) for staged chunks of >= 4096 keys where every row's cluster runs at once
+  // (K3_DSA_TOPK_WIDE=0 / 1, read per call: never / wherever the clusters all run at once)
+  const std::string wide_env = env_value("K3_DSA_TOPK_WIDE");
+  const bool fits = C > 1 && staged && p.n_row <= wide_clusters(C);
+  const bool wide =
+      staged && fits && (wide_env.empty() ? chunk >= kWideMinChunk : env_switch("K3_DSA_TOPK_WIDE", false));
   cudaLaunchAttribute attr[1];
-  const cudaLaunchConfig_t cfg = launch_config(C, p, keys + (push ? exchange_bytes(C) : 0), g.stream, attr);
-  K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, topk_kernel_for(staged, push), p));
+  const cudaLaunchConfig_t cfg =
+      launch_config(C, p, keys + (push ? exchange_bytes(C) : 0), g.stream, attr, wide ? 1024 : kThreads);
+  K3_CUDA_ASSERT(cudaLaunchKernelEx(&cfg, topk_kernel_for(staged, push, wide), p));
 }
 
 }  // namespace k3

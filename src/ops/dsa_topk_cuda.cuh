@@ -13,9 +13,11 @@ namespace k3::topk_detail {
 
 constexpr int kThreads = 512;
 constexpr int kItems = 8;                 // consecutive keys per thread in the compaction pass
-constexpr int kTile = kThreads * kItems;  // <= 65535: two 16-bit counts packed in one scan value
+// a write tile = threads x kItems keys <= 65535: two 16-bit counts packed in one scan value
 
-using Scan = cub::BlockScan<uint32_t, kThreads>;
+template <int NT>
+using ScanT = cub::BlockScan<uint32_t, NT>;
+using Scan = ScanT<kThreads>;
 
 // Order-preserving 32-bit key of a score (sign-flipped float bits; -0 folded to +0).
 __device__ __forceinline__ uint32_t order_key(float f) {
@@ -46,25 +48,26 @@ struct GlobalKeys {
 };
 
 // skey[j] = order key of score[j], j < m (8 loads in flight a thread). No barrier.
+template <int NT = kThreads>
 __device__ __forceinline__ void stage_keys(const float* score, int m, uint32_t* skey) {
-  for (int j0 = threadIdx.x; j0 < m; j0 += 8 * kThreads) {
+  for (int j0 = threadIdx.x; j0 < m; j0 += 8 * NT) {
     float v[8];
 #pragma unroll
-    for (int u = 0; u < 8; ++u) v[u] = j0 + u * kThreads < m ? __ldg(score + j0 + u * kThreads) : 0.f;
+    for (int u = 0; u < 8; ++u) v[u] = j0 + u * NT < m ? __ldg(score + j0 + u * NT) : 0.f;
 #pragma unroll
     for (int u = 0; u < 8; ++u)
-      if (j0 + u * kThreads < m) skey[j0 + u * kThreads] = order_key(v[u]);
+      if (j0 + u * NT < m) skey[j0 + u * NT] = order_key(v[u]);
   }
 }
 
 // One histogram pass: hist[digit] += #keys k with (k & mask) == prefix. A warp takes 4 x 32 consecutive keys
 // an iteration (4 independent loads a lane); a group of 32 with no key under the prefix (most of them after
 // the first two passes) skips its match and atomics.
-template <class Keys>
+template <int NT = kThreads, class Keys>
 __device__ __forceinline__ void histogram(const Keys& key, int m, uint32_t prefix, uint32_t mask, int shift,
                                           uint32_t* hist) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int j0 = warp * 128; j0 < m; j0 += 4 * kThreads) {  // warp-uniform: every lane takes part in the match
+  for (int j0 = warp * 128; j0 < m; j0 += 4 * NT) {  // warp-uniform: every lane takes part in the match
     uint32_t bin[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -110,11 +113,12 @@ __device__ __forceinline__ void pick_digit(const uint32_t* h, uint32_t remaining
 // key > T, or key == T and fewer than need equal keys precede it. kVec: the keys are also `vec`, 16-byte
 // vectors in shared memory (read twice, not kept across the scan); else read once through key. Ends with a
 // barrier.
-template <bool kVec, class Keys, class Pos>
+template <bool kVec, int NT = kThreads, class Keys, class Pos>
 __device__ __forceinline__ void write_selected(const Keys& key, const uint4* vec, const Pos& pos, int m,
                                                uint32_t T, uint32_t need, uint32_t gt_before,
                                                uint32_t eq_before, int32_t* out,
-                                               typename Scan::TempStorage& scan_tmp) {
+                                               typename ScanT<NT>::TempStorage& scan_tmp) {
+  constexpr int kTile = NT * kItems;
   const int tid = threadIdx.x;
   for (int t0 = 0; t0 < m; t0 += kTile) {
     const int j0 = t0 + tid * kItems;
@@ -132,7 +136,7 @@ __device__ __forceinline__ void write_selected(const Keys& key, const uint4* vec
       packed += (j0 + j < m && k[j] == T) ? 0x10000u : 0u;
     }
     uint32_t excl, total;
-    Scan(scan_tmp).ExclusiveSum(packed, excl, total);
+    ScanT<NT>(scan_tmp).ExclusiveSum(packed, excl, total);
     uint32_t gt = gt_before + (excl & 0xFFFFu), eq = eq_before + (excl >> 16);
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
