@@ -11,14 +11,15 @@
 // +0), 4 passes of 8 bits, then one ordered compaction: s is selected iff key > T, or key == T and fewer
 // than `need` equal keys precede it, and its output slot is (#greater before s) + min(#equal before s, need).
 // A row is split over a thread-block cluster of up to 16 CTAs (8 where the device refuses the non-portable
-// size; each CTA's histograms pushed into its peers' shared memory, counted on mbarriers), each CTA's chunk
-// of up to 16384 scores staged once in shared memory; one launch, no host decision on device data
-// (CUDA-graph safe); max_len only sizes the cluster. DsaTopkKernel::sample is one CTA a row instead: a bound
-// from 4096 evenly spaced scores, one read of the row keeping the keys above it (about 4096, in position
-// order, in shared memory), and the same radix select over those alone; where they are fewer than topk or
-// more than 8192 (many equal scores), over the whole row (dsa_topk_sample_cuda.cu). topk <=
-// kDsaTopkSampleMaxK. The automatic choice takes it for batches whose rows fill a quarter of the SMs at
-// lengths above 16K (K3_DSA_TOPK_SAMPLE=1 / 0: always / never); the cluster kernel otherwise.
+// size; each CTA's histograms pushed into its peers' shared memory, counted on mbarriers; 1024-thread CTAs
+// where the rows are few and long), each CTA's chunk of up to 16384 scores staged once in shared memory; one
+// launch, no host decision on device data (CUDA-graph safe); max_len only sizes the cluster.
+// DsaTopkKernel::sample is one CTA a row instead: a bound from 4096 evenly spaced scores, one read of the row
+// keeping the keys above it (about 4096, in position order, in shared memory), and the same radix select over
+// those alone; where they are fewer than topk or more than 8192 (many equal scores), over the whole row
+// (dsa_topk_sample_cuda.cu). topk <= kDsaTopkSampleMaxK. The automatic choice takes it for batches whose rows
+// fill a quarter of the SMs at lengths above 16K (K3_DSA_TOPK_SAMPLE=1 / 0: always / never); the cluster
+// kernel otherwise.
 #pragma once
 
 #include <cstdint>

@@ -20,7 +20,9 @@
 // kPush (the default since session 20 where the exchange fits beside the keys; K3_DSA_TOPK_PUSH=0: off):
 // the histograms travel the other way, without cluster barriers: each CTA st.asyncs its histogram into
 // every CTA's receive buffer, counted on an mbarrier there (Exchange below), and sums them from its own
-// shared memory. H100, session 20: b1 8K / 32K / 128K 12.6 / 15.5 / 22.3 -> 11.1 / 12.5 / 20.1 us.
+// shared memory. H100, session 20: b1 8K / 32K / 128K 12.6 / 15.5 / 22.3 -> 11.1 / 12.5 / 20.1 us. Where
+// the rows are few and long (chunks >= 4096 keys, every row's cluster resident at once) the CTAs have 1024
+// threads, one an SM: b1 x 128K 18.95 -> 16.88 us (K3_DSA_TOPK_WIDE=0 / 1: never / wherever they fit).
 #include <cooperative_groups.h>
 
 #include <algorithm>
