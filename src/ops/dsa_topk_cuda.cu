@@ -80,20 +80,6 @@ __device__ __forceinline__ void st_async(uint32_t addr, uint32_t bar, uint32_t r
       "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(mapa(bar, rank))
       : "memory");
 }
-__device__ __forceinline__ void mbar_arm(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-}
-
 // The 4 radix passes of the cluster over this CTA's keys 0 .. m-1: on return prefix holds T, remaining the
 // number of keys == T to take, gt_lower the lower ranks' keys > T, sh.eq_lower their keys == T. Without
 // kPush the last merge arrives on the cluster barrier the kernel's end waits on.
@@ -106,7 +92,7 @@ __device__ __forceinline__ void cluster_passes(cg::cluster_group& cluster, int C
     uint32_t* hist = sh.hist[pass & 1];
     for (int b = tid; b < 256; b += NT) hist[b] = 0;
     const uint32_t bar = kPush ? smem_addr(&x.bar[pass & 1]) : 0u;
-    if (kPush && C > 1 && tid == 0) mbar_arm(bar, uint32_t(C) * 1024u);
+    if (kPush && C > 1 && tid == 0) mbar_expect_tx(bar, uint32_t(C) * 1024u);
     __syncthreads();
     histogram<NT>(key, m, prefix, mask, shift, hist);
     const uint32_t* recv = kPush ? x.recv + (pass & 1) * C * 256 : nullptr;
@@ -116,7 +102,7 @@ __device__ __forceinline__ void cluster_passes(cg::cluster_group& cluster, int C
       for (int i = tid; i < C * 64; i += NT)  // 64 16-byte pieces to each CTA
         st_async(slot + 16u * uint32_t(i & 63), bar, uint32_t(i >> 6),
                  reinterpret_cast<const uint4*>(hist)[i & 63]);
-      mbar_wait_cluster(bar, uint32_t(pass >> 1) & 1u);
+      mbar_wait_parity<true>(bar, uint32_t(pass >> 1) & 1u);
     } else if (C > 1) {
       cluster.sync();
     } else {
