@@ -22,7 +22,8 @@
 #      (NCU_DSA_SRC=1: top-k's source page as csv); ncu_kda: over the KDA prefill's pre-pass
 #      and state walk (bench_kda prefill, T = 2048), whole reports in $OUT/validate/ncu_kda_*.txt;
 #   7. ncu_step: Nsight Compute over one eager K3 decode step (bench_slice --profile-step) at B = 1 and 64,
-#      T = 4K: every kernel's time and DRAM bytes, summed by kernel (scripts/device/ncu_step.py).
+#      T = 4K: every kernel's time and DRAM bytes, summed by kernel (scripts/device/ncu_step.py);
+#      NCU_STEP_MODEL=k31: the K3.1 slice's step instead.
 # Writes $OUT/validate/run.log, tests.log (the whole k3_tests output) and slice.jsonl.
 #   here:   bash scripts/device/validate.sh --pack BUILD   (BUILD/{tests/k3_tests,bench_slice,test-ops,
 #           bench/bench_kda} + the non-CUDA shared libraries + COMMIT -> .carry/dev/validate)
@@ -248,10 +249,10 @@ bench_envs() {
   fi
   if on ncu_step && command -v ncu >/dev/null; then
     for b in ${NCU_BATCHES:-1 64}; do
-      echo "== ncu over one eager K3 decode step, B=$b T=4K ($(el))"
+      echo "== ncu over one eager ${NCU_STEP_MODEL:-k3} decode step, B=$b T=4K ($(el))"
       timeout 150 ncu --profile-from-start off --clock-control none --csv --page raw --print-units base \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size \
-        "$B/bench_slice" -m "$S/k3" --no-check --batches "$b" --contexts 4096 --steps 2 --profile-step \
+        "$B/bench_slice" -m "$S/${NCU_STEP_MODEL:-k3}" --no-check --batches "$b" --contexts 4096 --steps 2 --profile-step \
         --budget-s 100 >"$out/ncu_step_b$b.csv" 2>&1
       echo "rc=$?"
       grep -E 'B=' "$out/ncu_step_b$b.csv" | cut -c1-400
