@@ -345,7 +345,6 @@ int main(int argc, char** argv) {
                 (c.wide ? ", 1024 threads: top-2048 of 4 rows" : ": top-2048 of 64 rows") +
                 " x 128K, 16 CTAs a row = reference set");
     }
-    set_lens(kMax);
   }
 
   // ---- timing

@@ -151,8 +151,8 @@ __host__ __device__ constexpr size_t exchange_bytes(int C) {
   return size_t(2 * C * 256) * 4 + 2 * 8;
 }
 
-// NT threads a CTA: 512 (3 CTAs an SM staged, 2 not), or 1024 (one CTA an SM) where the rows' CTAs are
-// fewer than the SMs.
+// NT threads a CTA: 512 (3 CTAs an SM staged, 2 not), or 1024 (staged, one CTA an SM) where every row's
+// cluster is resident at once (dsa_topk_cuda's `wide`).
 template <bool kStaged, bool kPush, int NT>
 __global__ void __launch_bounds__(NT, NT > 512  ? 1
                                       : kStaged ? 3
@@ -338,9 +338,8 @@ void dsa_topk_cuda(const DsaTopkParams& p, GpuContext& g) {
   // 1024 threads a CTA (one an SM) for staged chunks of >= 4096 keys where every row's cluster runs at once
   // (K3_DSA_TOPK_WIDE=0 / 1, read per call: never / wherever the clusters all run at once)
   const std::string wide_env = env_value("K3_DSA_TOPK_WIDE");
-  const bool fits = C > 1 && staged && p.n_row <= wide_clusters(C);
-  const bool wide =
-      staged && fits && (wide_env.empty() ? chunk >= kWideMinChunk : env_switch("K3_DSA_TOPK_WIDE", false));
+  const bool want_wide = wide_env.empty() ? chunk >= kWideMinChunk : env_switch("K3_DSA_TOPK_WIDE", false);
+  const bool wide = want_wide && C > 1 && staged && p.n_row <= wide_clusters(C);
   cudaLaunchAttribute attr[1];
   const cudaLaunchConfig_t cfg =
       launch_config(C, p, keys + (push ? exchange_bytes(C) : 0), g.stream, attr, wide ? 1024 : kThreads);

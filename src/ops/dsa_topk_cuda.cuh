@@ -33,7 +33,6 @@ struct TopkShared {
   uint32_t lower[256];          // the part of it from the CTAs of lower rank (their chunks precede this one)
   uint32_t digit, above;        // pass result: chosen digit, merged count of keys above it
   uint32_t gt_lower, eq_lower;  // keys of the lower ranks' chunks > T (this pass), == T (the last pass)
-  uint32_t count, total;        // the cluster kernel's sample bound: keys >= L in this CTA, in the cluster
 };
 
 // Keys j = 0 .. m-1 in shared memory (order keys), or a row of scores in global memory (converted at every

@@ -93,15 +93,13 @@ uint32_t order_key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// One CTA's keys (order keys) and their row positions, in position order.
-struct CtaKeys {
-  std::vector<uint32_t> key;
-  std::vector<int32_t> pos;
-};
-
-// The cluster's 4 digit passes and ordered write over the CTAs' keys (topk < the keys' total).
-void radix_topk_ctas(const std::vector<CtaKeys>& cta, int topk, int32_t* out) {
-  const int C = int(cta.size());
+void radix_topk_row(const float* score, int64_t n, int topk, int C, int32_t* out) {
+  std::fill(out, out + topk, -1);
+  if (n <= topk) {
+    std::iota(out, out + n, 0);
+    return;
+  }
+  const int64_t chunk = (n + C - 1) / C;
   // per CTA r: its histogram, and (as the kernel gets them from its merges) the lower ranks' counts of keys
   // above each pass's digit and, in the last pass, at it
   std::vector<uint32_t> gt_lower(size_t(C), 0), eq_lower(size_t(C), 0);
@@ -111,8 +109,11 @@ void radix_topk_ctas(const std::vector<CtaKeys>& cta, int topk, int32_t* out) {
     std::vector<uint32_t> merged(256, 0);
     for (int r = 0; r < C; ++r) {
       std::fill(hist[size_t(r)].begin(), hist[size_t(r)].end(), 0u);
-      for (const uint32_t k : cta[size_t(r)].key)
+      const int64_t lo = std::min(n, r * chunk), hi = std::min(n, lo + chunk);
+      for (int64_t i = lo; i < hi; ++i) {
+        const uint32_t k = order_key(score[i]);
         if ((k & mask) == prefix) ++hist[size_t(r)][(k >> shift) & 255u];
+      }
       for (int b = 0; b < 256; ++b) merged[size_t(b)] += hist[size_t(r)][size_t(b)];
     }
     uint32_t above = 0;
@@ -135,38 +136,19 @@ void radix_topk_ctas(const std::vector<CtaKeys>& cta, int topk, int32_t* out) {
     EXPECT_EQ(gt_lower[size_t(r)], gt_all);
     EXPECT_EQ(eq_lower[size_t(r)], eq_all);
     uint32_t gt = gt_lower[size_t(r)], eq = eq_lower[size_t(r)];  // the kernel's bases, then its block scans
-    const CtaKeys& c = cta[size_t(r)];
-    for (size_t j = 0; j < c.key.size(); ++j) {
-      const uint32_t k = c.key[j];
+    const int64_t lo = std::min(n, r * chunk), hi = std::min(n, lo + chunk);
+    for (int64_t i = lo; i < hi; ++i) {
+      const uint32_t k = order_key(score[i]);
       if (k > T) {
-        out[gt + std::min(eq, need)] = c.pos[j];
+        out[gt + std::min(eq, need)] = int32_t(i);
         ++gt, ++gt_all;
       } else if (k == T) {
-        if (eq < need) out[gt + eq] = c.pos[j];
+        if (eq < need) out[gt + eq] = int32_t(i);
         ++eq, ++eq_all;
       }
     }
   }
   EXPECT_EQ(gt_all + need, uint32_t(topk));
-}
-
-// CTA r of C owns positions [r * chunk, min(n, (r + 1) * chunk)), chunk = ceil(n / C).
-std::vector<CtaKeys> chunk_row(const float* score, int64_t n, int C) {
-  const int64_t chunk = (n + C - 1) / C;
-  std::vector<CtaKeys> cta(static_cast<size_t>(C));
-  for (int r = 0; r < C; ++r)
-    for (int64_t i = std::min(n, r * chunk); i < std::min(n, (r + 1) * chunk); ++i)
-      cta[size_t(r)].key.push_back(order_key(score[i])), cta[size_t(r)].pos.push_back(int32_t(i));
-  return cta;
-}
-
-void radix_topk_row(const float* score, int64_t n, int topk, int C, int32_t* out) {
-  std::fill(out, out + topk, -1);
-  if (n <= topk) {
-    std::iota(out, out + n, 0);
-    return;
-  }
-  radix_topk_ctas(chunk_row(score, n, C), topk, out);
 }
 
 TEST(DsaTopk, RadixEmulationEqualsReferenceWithTies) {
