@@ -6,6 +6,8 @@
 #   3. test-ops, the CUDA cases of the MLA decode kernels (both picked by size now);
 #   4. the K3 and K3.1 slices: bench_slice's GPU = CPU checks and decode timings at B = 1 / 64, T = 4K / 128K
 #      with the defaults (K3.1: DSA over ops/mla_sparse.h), then K3's with K3_MLA_FAST=0 (the generic MLA);
+#      slice_old: the same timings with BUILD/bench_slice_old (an earlier commit's, named by OLD_COMMIT at
+#      --pack), in the same call;
 #   5. fused: the fused AttnRes mix + RMSNorm (K3_ATTN_RES_NORM_FUSED=1, the default): every GPU test, then the
 #      K3 slice's GPU = CPU checks and decode timings at T = 4K with it and without it;
 #   6. envcmp: the K3 slice's decode timings at B = 1 / 64, T = 4K under each setting of ENVS (e.g.
@@ -38,6 +40,7 @@ if [ "${1:-}" = "--pack" ]; then  # runs HERE
   for f in tests/k3_tests bench_slice test-ops bench/bench_kda bench/bench_moe; do  # bench_moe: moe/build.sh
     cp "$build/$f" /tmp/validate_pack/ && strip -s "/tmp/validate_pack/$(basename "$f")"
   done
+  [ -f "$build/bench_slice_old" ] && cp "$build/bench_slice_old" /tmp/validate_pack/ && strip -s /tmp/validate_pack/bench_slice_old
   for f in "$build"/bench/bench_dsa* "$build"/bench/bench_kda_* "$build"/bench/bench_moe_probe* "$build"/bench/bench_mla_decode*; do  # dsa_cuda/build.sh; MOE_PROBES="1 2 3" moe_cuda/build.sh; mla_cuda/build.sh
     [ -f "$f" ] && cp "$f" /tmp/validate_pack/ && strip -s "/tmp/validate_pack/$(basename "$f")"
   done
@@ -61,7 +64,7 @@ trap 'rm -rf "$S"' EXIT
 trap 'rm -rf "$S"; exit 124' TERM INT
 t0=$SECONDS
 el() { echo "t=$((SECONDS - t0)) s"; }
-STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests tests_env kda ncu_kda ops dsa ncu_dsa mla_bench ncu_mla moe slice31 slice mla fused envcmp ncu_step
+STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests tests_env kda ncu_kda ops dsa ncu_dsa mla_bench ncu_mla moe slice31 slice slice_old mla fused envcmp ncu_step
 on() { [[ " $STEPS " == *" $1 "* ]]; }
 # bench_envs NAME BIN BUDGET SETTINGS CHECKS METRICS: $B/BIN again under each of SETTINGS (a comma joins one
 # run's settings), appending to $out/NAME_cuda.jsonl (commit tagged +setting), each log $out/NAME_envI.log;
@@ -200,7 +203,7 @@ bench_envs() {
     timeout "${MOE_BUDGET:-150}" "$B/bench_moe" "$out/moe_cuda.jsonl" "$(cat "$B/COMMIT" 2>/dev/null)" "${MOE_MODE:-decode}" 2>&1 |
       grep -E "check|decode_b|prefill_n|PASS|FAIL|copy|TFLOP" | cut -c1-200
   fi
-  if on slice31 || on slice || on mla || on fused || on envcmp || on ncu_step; then
+  if on slice31 || on slice || on slice_old || on mla || on fused || on envcmp || on ncu_step; then
     rm -rf "$S" && mkdir -p "$S"
     echo "== K3 slice ($(el))"
     timeout 50 python3 scripts/make_k3_slice.py --out "$S/k3" --jobs "$(nproc)" 2>&1 | tail -1
@@ -215,6 +218,12 @@ bench_envs() {
     echo "== bench_slice, defaults, K3 and K3.1 ($(el))"
     timeout 90 "$B/bench_slice" -m "$S/k3" -m31 "$S/k31" --batches 1,64 --contexts 4096,131072 --budget-s 70 \
       --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)" 2>&1 | grep -E 'NMSE|over|B=|graphs'
+  fi
+  if on slice_old && [ -x "$B/bench_slice_old" ]; then  # the same slices on an earlier commit's bench_slice
+    echo "== bench_slice_old ($(cat "$B/COMMIT_old" 2>/dev/null)), K3 and K3.1 ($(el))"
+    timeout 90 "$B/bench_slice_old" -m "$S/k3" -m31 "$S/k31" --no-check --batches 1,64 --contexts 4096,131072 \
+      --budget-s 70 --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT_old" 2>/dev/null)" 2>&1 |
+      grep -E 'over|B=|graphs'
   fi
   if on mla; then
     echo "== bench_slice, K3_MLA_FAST=0, K3 decode ($(el))"

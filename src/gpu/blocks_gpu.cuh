@@ -44,12 +44,34 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
                        std::span<const MlaSeqGpu> seqs, const float* x, int64_t n_rows, float* out,
                        int layer);
 
-// DSA (dsa.h): appends the index keys of the new rows to st->index_k and, when some query sees more than
-// topk positions, fills sel [n_tok, topk] (device int32, -1 padded, ascending positions) and sets *sparse.
-// cq: the q_a_layernorm output rows of this sequence; x: its attention input rows.
+// bf16 rows in pages of the model's pool (cache_pool_gpu.cuh) and a block table: query row (or sequence) b
+// reads position s from page table[b * max_pages + s / kCachePage].
+struct PagedRows {
+  const uint16_t* pages = nullptr;
+  const int32_t* table = nullptr;
+  int max_pages = 0;
+  int64_t n_pages = 0;
+};
+
+// DSA (dsa.h), in three parts. The index keys of the call's rows x [n_tok, D]: kI [n_tok, Di] =
+// bf16(LayerNorm(wk x)) (traced "dsa_k"); mla_gpu.cu appends them to the caches.
+void dsa_keys_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsGpu& w, const float* x,
+                  int64_t n_tok, float* kI, int layer);
+// Whether the selection runs on the tensor-core indexer and radix top-k (bf16 mode, the ops' shapes, over
+// the paged keys); else the generic kernels over the fp32 keys.
+bool dsa_fast_fits(const GpuCtx& c, const ModelConfig& cfg);
+// One sequence (its keys appended already): when some query sees more than topk positions, fills sel
+// [n_tok, topk] (device int32, -1 padded, ascending positions) and sets *sparse. cq: the q_a_layernorm
+// output rows of this sequence; x: its attention input rows; index_k: its fp32 keys [n_past + n_tok, Di];
+// keys: the same in pages (table row 0 = this sequence), used when dsa_fast_fits.
 Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsGpu& w, const float* cq,
-                      const float* x, int64_t n_past, int64_t n_tok, MlaStateGpu* st, DevBuf* sel,
-                      bool* sparse, int layer);
+                      const float* x, int64_t n_past, int64_t n_tok, const float* index_k,
+                      const PagedRows& keys, DevBuf* sel, bool* sparse, int layer);
+// A decode call's rows at once (dsa_fast_fits): row r sees ctx[r] positions (device int32, each <= max_ctx)
+// of the keys of table row r; sel [n_rows, topk] as above (every visible position where ctx[r] <= topk).
+Status dsa_select_rows_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsGpu& w, const float* cq,
+                           const float* x, int64_t n_rows, const int32_t* ctx, int64_t max_ctx,
+                           const PagedRows& keys, DevBuf* sel, int layer);
 
 // GLU MLP: out [n_tok, d_in] = down(act(gate x, up x)). gu: scratch [2, n_tok, d_ff] (nullptr: allocated
 // here; a caller running this on a side stream passes its own, see fork_side).

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "ops/cuda_util.cuh"
 #include "ops/rms_norm.h"
@@ -53,6 +54,42 @@ __global__ void gather_rows_kernel(float* dst, const float* src, const int64_t* 
 }
 
 }  // namespace
+
+HostStage::~HostStage() {
+  for (Slot& s : slots_) {
+    if (s.done) cudaEventSynchronize(s.done), cudaEventDestroy(s.done);
+    cudaFreeHost(s.p);
+  }
+}
+
+Status HostStage::copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return ok_status();
+  Slot& s = slots_[next_];
+  next_ = (next_ + 1) % int(sizeof slots_ / sizeof slots_[0]);
+  if (s.done) {
+    K3_CUDA_CHECK(cudaEventSynchronize(s.done));  // its last copy has run
+  } else {
+    K3_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+  }
+  if (s.n < bytes) {
+    cudaFreeHost(s.p);
+    s.p = nullptr, s.n = 0;
+    const size_t n = std::max(bytes, size_t(64) << 10);
+    K3_CUDA_CHECK(cudaMallocHost(&s.p, n));
+    s.n = n;
+  }
+  std::memcpy(s.p, src, bytes);
+  K3_CUDA_CHECK(cudaMemcpyAsync(dst, s.p, bytes, cudaMemcpyHostToDevice, stream));
+  K3_CUDA_CHECK(cudaEventRecord(s.done, stream));
+  return ok_status();
+}
+
+Status to_device(const GpuCtx& c, void* dst, const void* src, size_t n) {
+  if (c.stage) return c.stage->copy(dst, src, n, c.stream());
+  K3_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c.stream()));
+  K3_CUDA_CHECK(cudaStreamSynchronize(c.stream()));
+  return ok_status();
+}
 
 Status launch_status(const char* where) {
   const cudaError_t e = cudaGetLastError();

@@ -55,6 +55,7 @@ struct GpuCtx {
   std::vector<float>* host = nullptr;  // staging buffer for cb
   DeviceArena* arena = nullptr;        // set: DevBuf scratch comes from here (model_gpu.cu graph steps)
   const SideStream* side = nullptr;    // set: fork_side may put work beside the main stream
+  class HostStage* stage = nullptr;    // set: to_device copies through its pinned slots
 
   bool bf16() const { return prec == Precision::bf16; }
   bool tracing() const { return trace && *trace; }
@@ -98,6 +99,29 @@ class DevBuf {
   DeviceArena* arena_ = nullptr;  // from an arena: release pops it when it is the last block
   size_t mark_ = 0;               // the arena's used() before this block
 };
+
+// Pinned slots for the small host -> device copies a step makes (the MLA layers' block tables), so that
+// cudaMemcpyAsync neither waits for the stream nor reads host memory that changes before the copy runs; a
+// slot is refilled only after its last copy has run (an event each).
+class HostStage {
+ public:
+  HostStage() = default;
+  ~HostStage();
+  HostStage(const HostStage&) = delete;
+  HostStage& operator=(const HostStage&) = delete;
+  Status copy(void* dst, const void* src, size_t bytes, cudaStream_t stream);
+
+ private:
+  struct Slot {
+    void* p = nullptr;
+    size_t n = 0;
+    cudaEvent_t done = nullptr;
+  };
+  Slot slots_[4];
+  int next_ = 0;
+};
+// dst (device) <- src (host, n bytes) on c's stream: through c.stage, else a copy the host waits for.
+Status to_device(const GpuCtx& c, void* dst, const void* src, size_t n);
 
 // y = W x (+ the bf16 rounding point unless `round` is false). ldx/ldy: row strides (0 = dense). In bf16 mode
 // x must hold bf16-rounded values unless x_exact.

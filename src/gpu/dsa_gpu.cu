@@ -7,13 +7,15 @@
 //
 // Default since session 4 (checked on the H200; K3_DSA_FAST=0 keeps the generic path below, validated in
 // session 2), bf16 mode (index head dim a multiple of 16, <= 128; <= 64 index
-// heads): the ops of ops/dsa_index.h and ops/dsa_topk.h. The fp32 index keys of the state (bf16 values in
-// this mode) are stored as bf16 pages (dsa_key_store_cuda, exact), scored on tensor cores (q^I and a are bf16
-// already: the linears round their outputs in this mode, on the CPU too), and the exact radix top-k picks the
-// same set as the CPU's partial_sort of the same scores; the scores differ from the CPU's only by fp32
-// summation order. fp32 mode keeps the generic path: selection without sorting, s is selected iff fewer than
-// topk positions beat it (larger score, or equal score at a lower position), then the selected positions are
-// compacted in ascending order with a block scan (O(n_vis^2) per query; exact fp32 sums in the CPU's order).
+// heads): the ops of ops/dsa_index.h and ops/dsa_topk.h. The index keys (bf16 values in this mode) are kept
+// in bf16 pages of the model's pool beside the fp32 rows (cache_pool_gpu.cuh; appended by mla_gpu.cu, exact),
+// scored on tensor cores (q^I and a are bf16 already: the linears round their outputs in this mode, on the
+// CPU too), and the exact radix top-k picks the same set as the CPU's partial_sort of the same scores; the
+// scores differ from the CPU's only by fp32 summation order. A decode call scores and selects every
+// sequence's row in one launch each (dsa_select_rows_gpu). fp32 mode keeps the generic path: selection
+// without sorting, s is selected iff fewer than topk positions beat it (larger score, or equal score at a
+// lower position), then the selected positions are compacted in ascending order with a block scan (O(n_vis^2)
+// per query; exact fp32 sums in the CPU's order).
 #include <cub/block/block_scan.cuh>
 
 #include <cmath>
@@ -21,6 +23,7 @@
 
 #include "core/env.h"
 #include "gpu/blocks_gpu.cuh"
+#include "gpu/cache_pool_gpu.cuh"
 #include "ops/dsa_index.h"
 #include "ops/dsa_topk.h"
 #include "ops/layer_norm.h"
@@ -125,31 +128,23 @@ bool dsa_fast_enabled() {
   return on;
 }
 
-__global__ void iota_kernel(int32_t* x, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) x[i] = int32_t(i);
+DsaKeyCache key_cache(const PagedRows& keys, int Di) {
+  DsaKeyCache kc;
+  kc.fmt = DsaKeyFormat::bf16, kc.d_head = Di, kc.page_size = kCachePage, kc.max_pages = keys.max_pages;
+  kc.n_pages = keys.n_pages, kc.pages = const_cast<uint16_t*>(keys.pages), kc.block_table = keys.table;
+  return kc;
 }
 
-// bf16 mode: index keys -> bf16 pages, tensor-core scores, radix top-k (see the file comment).
+// bf16 mode: tensor-core scores over the paged keys (prefill form: every query of one sequence, table row
+// 0), radix top-k (see the file comment).
 Status select_bf16(const GpuCtx& c, int Hi, int Di, int64_t topk, const float* qI, const float* a,
-                   const float* index_k, int64_t n_past, int64_t n_tok, DevBuf* sel) {
-  constexpr int P = 64;
-  const int64_t n_ctx = n_past + n_tok, n_pages = (n_ctx + P - 1) / P;
-  DevBuf pages, table, I;
-  K3_RETURN_IF_ERROR(pages.alloc_bytes(c, dsa_key_page_bytes(DsaKeyFormat::bf16, P, Di) * size_t(n_pages)));
-  K3_RETURN_IF_ERROR(table.alloc_bytes(c, size_t(n_pages) * 4));
+                   const PagedRows& keys, int64_t n_past, int64_t n_tok, DevBuf* sel) {
+  const int64_t n_ctx = n_past + n_tok;
+  DevBuf I;
   K3_RETURN_IF_ERROR(I.alloc(c, n_tok * n_ctx));
   K3_RETURN_IF_ERROR(sel->alloc_bytes(c, size_t(n_tok * topk) * 4));
-  iota_kernel<<<blocks_for(n_pages), kThreads, 0, c.stream()>>>(table.as<int32_t>(), n_pages);
-  DsaKeyCache kc;
-  kc.fmt = DsaKeyFormat::bf16, kc.d_head = Di, kc.page_size = P, kc.max_pages = int(n_pages);
-  kc.n_pages = n_pages, kc.pages = pages.as<void>(), kc.block_table = table.as<int32_t>();
-  DsaKeyStoreParams st;
-  st.cache = kc, st.n_tok = int(n_ctx), st.k = index_k, st.pos0 = 0;
-  K3_RETURN_IF_ERROR(dsa_key_store_check(st));
-  dsa_key_store_cuda(st, *c.g);
   DsaIndexParams ip;
-  ip.cache = kc, ip.n_head = Hi, ip.n_q = int(n_tok), ip.n_past = n_past, ip.max_ctx = n_ctx;
+  ip.cache = key_cache(keys, Di), ip.n_head = Hi, ip.n_q = int(n_tok), ip.n_past = n_past, ip.max_ctx = n_ctx;
   ip.q = qI, ip.w = a, ip.scale = 1.f / std::sqrt(float(Hi * Di)), ip.q_exact = false;
   ip.score = I.f(), ip.ld = n_ctx;
   K3_RETURN_IF_ERROR(dsa_index_check(ip));
@@ -164,13 +159,9 @@ Status select_bf16(const GpuCtx& c, int Hi, int Di, int64_t topk, const float* q
 
 }  // namespace
 
-Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsGpu& w, const float* cq,
-                      const float* x, int64_t n_past, int64_t n_tok, MlaStateGpu* st, DevBuf* sel,
-                      bool* sparse, int layer) {
-  const int Hi = cfg.dsa.n_head, Di = cfg.dsa.d_head;
-  const int64_t topk = cfg.dsa.topk, n_ctx = n_past + n_tok;
-  *sparse = false;
-  float* kI = st->index_k + n_past * Di;  // the new rows go straight into the cache (capacity reserved)
+void dsa_keys_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsGpu& w, const float* x,
+                  int64_t n_tok, float* kI, int layer) {
+  const int Di = cfg.dsa.d_head;
   linear(c, w.wk, x, n_tok, kI);
   LayerNormParams ln;
   ln.n_row = n_tok, ln.d = Di, ln.x = kI, ln.y = kI, ln.gain = w.k_norm_w, ln.bias = w.k_norm_b,
@@ -178,6 +169,19 @@ Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsG
   layer_norm_cuda(ln, *c.g);
   c.rnd(kI, n_tok * Di);
   c.cb("dsa_k", layer, kI, n_tok * Di);
+}
+
+bool dsa_fast_fits(const GpuCtx& c, const ModelConfig& cfg) {
+  const int Hi = cfg.dsa.n_head, Di = cfg.dsa.d_head;
+  return c.bf16() && dsa_fast_enabled() && Di % 16 == 0 && Di <= 128 && Hi >= 1 && Hi <= 64;
+}
+
+Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsGpu& w, const float* cq,
+                      const float* x, int64_t n_past, int64_t n_tok, const float* index_k,
+                      const PagedRows& keys, DevBuf* sel, bool* sparse, int layer) {
+  const int Hi = cfg.dsa.n_head, Di = cfg.dsa.d_head;
+  const int64_t topk = cfg.dsa.topk, n_ctx = n_past + n_tok;
+  *sparse = false;
   if (n_ctx <= topk) {
     K3_RETURN_IF_ERROR(trace_sel(c, layer, nullptr, n_past, n_tok, topk));
     return launch_status("dsa index keys");
@@ -188,8 +192,8 @@ Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsG
   K3_RETURN_IF_ERROR(a.alloc(c, n_tok * Hi));
   linear(c, w.wq_b, cq, n_tok, qI.f());
   linear(c, w.weights_proj, x, n_tok, a.f());
-  if (c.bf16() && dsa_fast_enabled() && Di % 16 == 0 && Di <= 128 && Hi >= 1 && Hi <= 64) {
-    K3_RETURN_IF_ERROR(select_bf16(c, Hi, Di, topk, qI.f(), a.f(), st->index_k, n_past, n_tok, sel));
+  if (dsa_fast_fits(c, cfg) && keys.pages) {
+    K3_RETURN_IF_ERROR(select_bf16(c, Hi, Di, topk, qI.f(), a.f(), keys, n_past, n_tok, sel));
     *sparse = true;
     K3_RETURN_IF_ERROR(trace_sel(c, layer, sel->as<int32_t>(), n_past, n_tok, topk));
     return launch_status("dsa select (bf16)");
@@ -199,7 +203,7 @@ Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsG
   K3_RETURN_IF_ERROR(sel->alloc_bytes(c, size_t(n_tok * topk) * 4));
   const float scale = 1.f / std::sqrt(float(Hi * Di));
   index_score_kernel<<<blocks_for(n_tok * n_ctx), kThreads, 0, c.stream()>>>(
-      I.f(), qI.f(), a.f(), st->index_k, n_tok, n_past, n_ctx, Hi, Di, scale);
+      I.f(), qI.f(), a.f(), index_k, n_tok, n_past, n_ctx, Hi, Di, scale);
   index_rank_kernel<<<blocks_for(n_tok * n_ctx), kThreads, 0, c.stream()>>>(flag.as<uint8_t>(), I.f(), n_tok,
                                                                             n_past, n_ctx, topk);
   index_compact_kernel<<<unsigned(n_tok), kScanThreads, 0, c.stream()>>>(
@@ -207,6 +211,34 @@ Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsG
   *sparse = true;
   K3_RETURN_IF_ERROR(trace_sel(c, layer, sel->as<int32_t>(), n_past, n_tok, topk));
   return launch_status("dsa select");
+}
+
+Status dsa_select_rows_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsGpu& w, const float* cq,
+                           const float* x, int64_t n_rows, const int32_t* ctx, int64_t max_ctx,
+                           const PagedRows& keys, DevBuf* sel, int layer) {
+  const int Hi = cfg.dsa.n_head, Di = cfg.dsa.d_head;
+  const int64_t topk = cfg.dsa.topk;
+  DevBuf qI, a, I;
+  K3_RETURN_IF_ERROR(qI.alloc(c, n_rows * Hi * Di));
+  K3_RETURN_IF_ERROR(a.alloc(c, n_rows * Hi));
+  K3_RETURN_IF_ERROR(I.alloc(c, n_rows * max_ctx));
+  K3_RETURN_IF_ERROR(sel->alloc_bytes(c, size_t(n_rows * topk) * 4));
+  linear(c, w.wq_b, cq, n_rows, qI.f());
+  linear(c, w.weights_proj, x, n_rows, a.f());
+  DsaIndexParams ip;
+  ip.cache = key_cache(keys, Di), ip.n_head = Hi, ip.n_q = int(n_rows), ip.ctx_len = ctx,
+  ip.max_ctx = max_ctx;
+  ip.q = qI.f(), ip.w = a.f(), ip.scale = 1.f / std::sqrt(float(Hi * Di)), ip.q_exact = false;
+  ip.score = I.f(), ip.ld = max_ctx;
+  K3_RETURN_IF_ERROR(dsa_index_check(ip));
+  dsa_index_cuda(ip, *c.g);
+  DsaTopkParams tp;
+  tp.n_row = int(n_rows), tp.topk = int(topk), tp.ld = max_ctx, tp.score = I.f(), tp.row_len = ctx;
+  tp.max_len = max_ctx, tp.sel = sel->as<int32_t>();
+  K3_RETURN_IF_ERROR(dsa_topk_check(tp));
+  dsa_topk_cuda(tp, *c.g);
+  K3_RETURN_IF_ERROR(trace_sel(c, layer, sel->as<int32_t>(), 0, n_rows, topk));
+  return launch_status("dsa select (bf16 rows)");
 }
 
 }  // namespace k3::gpu

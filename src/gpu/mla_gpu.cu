@@ -12,19 +12,21 @@
 // production head dims (kv_lora_rank 512, rope 64; nope 128, v 128), dense causal: the tensor-core kernels on
 // bf16 copies of their inputs (all bf16-exact in this mode, q^ included: docs/decisions.md gpu.1; the
 // kernels also round the softmax weights to bf16):
-//   absorbed:   mla_decode_cuda over the sequence's latent rows (one page table for the contiguous cache;
-//               query t of the call is a "sequence" of ctx n_past + t + 1 sharing it);
+//   absorbed:   mla_decode_cuda over the latent rows' bf16 pages (cache_pool_gpu.cuh: the model's pool,
+//               appended at every call); a decode call (every row absorbed) is one launch for the whole
+//               batch, a block-table row per query row;
 //   unabsorbed: mla_prefill_cuda on q, kv_b_proj's [k_nope | v] rows and the latent's rope part.
 // fp32 mode, other dims and K3_MLA_FAST=0: the exact generic attention_cuda; DSA-sparse calls: attention_cuda
-// with the selection (absorbed ones on ops/mla_sparse.h unless K3_DSA_SPARSE_MLA=0: sparse_fast below).
-// The state holds an fp32 latent cache, so the decode path converts the whole prefix to bf16 every call
-// (6 bytes an element more than the kernel's 2): a bf16 paged cache in the GPU state removes that.
+// with the selection (absorbed ones on ops/mla_sparse.h unless K3_DSA_SPARSE_MLA=0; a decode call selects
+// and attends for the whole batch in one launch each, dsa_select_rows_gpu then sparse_rows).
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <type_traits>
 
 #include "core/env.h"
 #include "gpu/blocks_gpu.cuh"
+#include "gpu/cache_pool_gpu.cuh"
 #include "ops/attention.h"
 #include "ops/cuda_util.cuh"
 #include "ops/mla_decode.h"
@@ -239,12 +241,86 @@ void expand_z(const GpuCtx& c, float* z, const float* zh, const TW* kvb, int64_t
                                                                                   dv, R, wkv);
 }
 
-// ctx_len[t] = n0 + t + 1 (t < n_tok); table[t, j] = j (j < n_pages): every query row shares the pages.
-__global__ void decode_table_kernel(int32_t* ctx_len, int32_t* table, int64_t n_tok, int n_pages,
-                                    int64_t n0) {
+// The rows of one call on the device (one pinned copy, call_rows): row r belongs to the k-th sequence with
+// rows, k = row_seq[r], at position pos[r], and sees ctx[r] = pos[r] + 1 positions; table row k holds that
+// sequence's page ids; lat[r] / idx[r] are the fp32 cache rows (latent, DSA index keys) it appends.
+struct CallRows {
+  DevBuf buf;
+  const int32_t *table = nullptr, *row_seq = nullptr, *pos = nullptr, *ctx = nullptr;
+  float* const* lat = nullptr;
+  float* const* idx = nullptr;
+  int max_pages = 0;
+  int64_t max_ctx = 0;
+  std::vector<int> live;  // index into seqs of the k-th sequence with rows
+};
+
+Status call_rows(const GpuCtx& c, std::span<const MlaSeqGpu> seqs, int64_t n_tok, int dl, int Di,
+                 CallRows* cr) {
+  int max_pages = 1;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const MlaSeqGpu& s = seqs[i];
+    if (s.n_tok <= 0) continue;
+    cr->live.push_back(int(i));
+    cr->max_ctx = std::max(cr->max_ctx, s.n_past + s.n_tok);
+    if (s.st->table) max_pages = std::max(max_pages, int((s.n_past + s.n_tok + kCachePage - 1) / kCachePage));
+  }
+  const int64_t n_live = int64_t(cr->live.size());
+  const size_t n_int = size_t(n_live * max_pages + 3 * n_tok), ptr_at = (n_int * 4 + 7) / 8 * 8;
+  std::vector<uint8_t> h(ptr_at + size_t(2 * n_tok) * 8);
+  int32_t* table = reinterpret_cast<int32_t*>(h.data());
+  int32_t* row_seq = table + n_live * max_pages;
+  int32_t *pos = row_seq + n_tok, *ctx = pos + n_tok;
+  float** lat = reinterpret_cast<float**>(h.data() + ptr_at);
+  float** idx = lat + n_tok;
+  int64_t covered = 0;
+  for (int64_t k = 0; k < n_live; ++k) {
+    const MlaSeqGpu& s = seqs[size_t(cr->live[size_t(k)])];
+    const std::vector<int32_t>* pages = s.st->table;
+    // GpuSeqState::reserve ran before the layer loop: room for the new rows, and their pages
+    K3_ASSERT(s.st->cap >= s.n_past + s.n_tok);
+    K3_ASSERT(!pages || int64_t(pages->size()) * kCachePage >= s.n_past + s.n_tok);
+    for (int j = 0; j < max_pages; ++j)  // padding: page 0, never read (positions < ctx only)
+      table[k * max_pages + j] = pages && j < int(pages->size()) ? (*pages)[size_t(j)] : 0;
+    for (int64_t t = 0; t < s.n_tok; ++t) {
+      const int64_t r = s.row0 + t, at = s.n_past + t;
+      row_seq[r] = int32_t(k), pos[r] = int32_t(at), ctx[r] = int32_t(at + 1);
+      lat[r] = s.st->latent + at * dl;
+      idx[r] = s.st->index_k ? s.st->index_k + at * Di : nullptr;
+    }
+    covered += s.n_tok;
+  }
+  K3_ASSERT(covered == n_tok);  // the sequences' rows tile the call's rows
+  K3_RETURN_IF_ERROR(cr->buf.alloc_bytes(c, h.size()));
+  K3_RETURN_IF_ERROR(to_device(c, cr->buf.as<void>(), h.data(), h.size()));
+  const auto* d = cr->buf.as<uint8_t>();
+  cr->table = reinterpret_cast<const int32_t*>(d);
+  cr->row_seq = cr->table + n_live * max_pages;
+  cr->pos = cr->row_seq + n_tok, cr->ctx = cr->pos + n_tok;
+  cr->lat = reinterpret_cast<float* const*>(d + ptr_at);
+  cr->idx = cr->lat + n_tok;
+  cr->max_pages = max_pages;
+  return ok_status();
+}
+
+// *dst[r] = src[r, :] for r < n_rows (the cache rows the call appends).
+__global__ void append_rows_kernel(float* const* dst, const float* src, int64_t n_rows, int width) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (ctx_len && i < n_tok) ctx_len[i] = int32_t(n0 + i + 1);
-  if (i < n_tok * n_pages) table[i] = int32_t(i % n_pages);
+  if (i < n_rows * width) dst[i / width][i % width] = src[i];
+}
+
+// out[r, :] = table[row_seq[r], :]: a block-table row per query row.
+__global__ void row_tables_kernel(int32_t* out, const int32_t* table, const int32_t* row_seq, int64_t n_rows,
+                                  int max_pages) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n_rows * max_pages) out[i] = table[int64_t(row_seq[i / max_pages]) * max_pages + i % max_pages];
+}
+
+// The block table of query rows [r0, r0 + n) of the call: table rows of their sequences, one per row.
+Status row_tables(const GpuCtx& c, const CallRows& cr, int64_t r0, int64_t n, DevBuf* out) {
+  K3_RETURN_IF_ERROR(out->alloc_bytes(c, size_t(n * cr.max_pages) * 4));
+  row_tables_kernel<<<blocks_for(n * cr.max_pages), kThreads, 0, c.stream()>>>(
+      out->as<int32_t>(), cr.table, cr.row_seq + r0, n, cr.max_pages);
+  return ok_status();
 }
 
 // *g = the context's GpuContext with a workspace of its own in ws, sized for mla_decode_cuda on d's shapes
@@ -263,37 +339,15 @@ Status to_bf16(const GpuCtx& c, const float* x, int64_t n, DevBuf* y) {
   return ok_status();
 }
 
-// The latent rows [0, n_ctx) in bf16: the state's copy (state_gpu.cu keeps it in bf16 mode), else one made
-// now in `tmp`.
-Status latent_bf16(const GpuCtx& c, const MlaStateGpu& st, int64_t n_ctx, int64_t dl, DevBuf* tmp,
-                   const uint16_t** out) {
-  if (st.latent16) {
-    *out = st.latent16;
-    return ok_status();
-  }
-  K3_RETURN_IF_ERROR(to_bf16(c, st.latent, n_ctx * dl, tmp));
-  *out = tmp->as<uint16_t>();
-  return ok_status();
-}
-
-// Absorbed attention of one sequence's n_tok queries qs [n_tok, nh, 576] over latent [n_ctx, 576] -> zs.
-Status decode_fast(const GpuCtx& c, const float* qs, const MlaStateGpu& st, int64_t n_tok, int64_t n_past,
-                   int nh, float scale, float* zs) {
-  constexpr int P = 64;
-  const int64_t n_ctx = n_past + n_tok;
-  const int n_pages = int((n_ctx + P - 1) / P);
-  DevBuf q16, lat16, lens, table, ws;
-  const uint16_t* cache = nullptr;
-  K3_RETURN_IF_ERROR(to_bf16(c, qs, n_tok * nh * kMlaRow, &q16));
-  K3_RETURN_IF_ERROR(latent_bf16(c, st, n_ctx, kMlaRow, &lat16, &cache));
-  K3_RETURN_IF_ERROR(lens.alloc_bytes(c, size_t(n_tok) * 4));
-  K3_RETURN_IF_ERROR(table.alloc_bytes(c, size_t(n_tok) * n_pages * 4));
-  decode_table_kernel<<<blocks_for(n_tok * n_pages), kThreads, 0, c.stream()>>>(
-      lens.as<int32_t>(), table.as<int32_t>(), n_tok, n_pages, n_past);
+// Absorbed attention of n query rows q16 [n, nh, 576] (bf16), row b over the first ctx[b] positions of the
+// latent pages of its table row -> zs [n, nh, 512].
+Status decode_rows(const GpuCtx& c, const uint16_t* q16, const PagedRows& lat, const int32_t* ctx,
+                   int64_t max_ctx, int64_t n, int nh, float scale, float* zs) {
+  DevBuf ws;
   MlaDecodeParams p;
-  p.n_seq = int(n_tok), p.n_head = nh, p.page_size = P, p.max_pages = n_pages, p.n_pages = n_pages;
-  p.max_ctx = int(n_ctx), p.ctx_len = lens.as<int32_t>(), p.block_table = table.as<int32_t>();
-  p.cache = cache, p.q = q16.as<uint16_t>(), p.scale = scale, p.out = zs;
+  p.n_seq = int(n), p.n_head = nh, p.page_size = kCachePage, p.max_pages = lat.max_pages;
+  p.n_pages = lat.n_pages, p.max_ctx = int(max_ctx), p.ctx_len = ctx, p.block_table = lat.table;
+  p.cache = lat.pages, p.q = q16, p.scale = scale, p.out = zs;
   K3_RETURN_IF_ERROR(mla_decode_check(p));
   GpuContext g;
   K3_RETURN_IF_ERROR(decode_context(c, p, &ws, &g));
@@ -301,25 +355,15 @@ Status decode_fast(const GpuCtx& c, const float* qs, const MlaStateGpu& st, int6
   return ok_status();
 }
 
-// Absorbed attention of one sequence over its DSA-selected rows (ops/mla_sparse.h): qs [n_tok, nh, 576],
-// sel [n_tok, topk] ascending positions (-1 padded), latent [n_ctx, 576] -> zs [n_tok, nh, 512]. The rows
-// are gathered per query and run through the tensor-core decode kernel, so the cost is flat in the context.
-Status sparse_fast(const GpuCtx& c, const float* qs, const MlaStateGpu& st, const int32_t* sel, int64_t n_tok,
-                   int64_t n_past, int nh, int64_t topk, float scale, float* zs) {
-  constexpr int P = 64;
-  const int64_t n_ctx = n_past + n_tok;
-  const int n_pages = int((n_ctx + P - 1) / P);
-  DevBuf q16, lat16, table, scratch, ws;
-  const uint16_t* cache = nullptr;
-  K3_RETURN_IF_ERROR(to_bf16(c, qs, n_tok * nh * kMlaRow, &q16));
-  K3_RETURN_IF_ERROR(latent_bf16(c, st, n_ctx, kMlaRow, &lat16, &cache));
-  K3_RETURN_IF_ERROR(table.alloc_bytes(c, size_t(n_pages) * 4));
-  decode_table_kernel<<<blocks_for(n_pages), kThreads, 0, c.stream()>>>(nullptr, table.as<int32_t>(), 1,
-                                                                        n_pages, n_ctx - 1);
+// Absorbed attention of n query rows over their DSA-selected positions (ops/mla_sparse.h): sel [n, topk]
+// ascending (-1 padded); block table row b per query, or row 0 for all (shared). Flat in the context.
+Status sparse_rows(const GpuCtx& c, const uint16_t* q16, const PagedRows& lat, bool shared,
+                   const int32_t* sel, int64_t n, int nh, int64_t topk, float scale, float* zs) {
+  DevBuf scratch, ws;
   MlaSparseParams p;
-  p.n_q = int(n_tok), p.n_head = nh, p.topk = int(topk), p.sel = sel;
-  p.page_size = P, p.max_pages = n_pages, p.n_pages = n_pages, p.block_table = table.as<int32_t>();
-  p.shared_table = true, p.cache = cache, p.q = q16.as<uint16_t>();
+  p.n_q = int(n), p.n_head = nh, p.topk = int(topk), p.sel = sel;
+  p.page_size = kCachePage, p.max_pages = lat.max_pages, p.n_pages = lat.n_pages, p.block_table = lat.table;
+  p.shared_table = shared, p.cache = lat.pages, p.q = q16;
   p.scale = scale, p.out = zs;
   K3_RETURN_IF_ERROR(mla_sparse_check(p));
   K3_RETURN_IF_ERROR(scratch.alloc_bytes(c, mla_sparse_scratch_bytes(p.n_q, p.topk)));
@@ -339,10 +383,11 @@ Status prefill_fast(const GpuCtx& c, const float* q, const float* kvb, const Mla
                     int64_t n_past, int nh, int R, float scale, float* z) {
   const int64_t n_ctx = n_past + n_tok, dl = R + kMlaPrefillRope;
   DevBuf q16, kv16, lat16;
-  const uint16_t* lat = nullptr;
   K3_RETURN_IF_ERROR(to_bf16(c, q, n_tok * nh * kMlaPrefillQk, &q16));
   K3_RETURN_IF_ERROR(to_bf16(c, kvb, n_ctx * nh * 256, &kv16));
-  K3_RETURN_IF_ERROR(latent_bf16(c, st, n_ctx, dl, &lat16, &lat));
+  K3_RETURN_IF_ERROR(
+      to_bf16(c, st.latent, n_ctx * dl, &lat16));  // the rope keys (prefill reads the fp32 rows)
+  const uint16_t* lat = lat16.as<uint16_t>();
   MlaPrefillParams p;
   p.n_q = int(n_tok), p.n_kv = int(n_ctx), p.n_head = nh, p.q_pos0 = int(n_past), p.scale = scale, p.out = z;
   p.q = q16.as<uint16_t>(), p.q_tok_stride = int64_t(nh) * kMlaPrefillQk, p.q_head_stride = kMlaPrefillQk;
@@ -352,6 +397,23 @@ Status prefill_fast(const GpuCtx& c, const float* q, const float* kvb, const Mla
   K3_RETURN_IF_ERROR(mla_prefill_check(p));
   mla_prefill_cuda(p, *c.g);
   return ok_status();
+}
+
+// out = o_proj (z * sigmoid(g_proj x)) from the attention output z [n_tok, nh, dv] (rounded here).
+Status finish(const GpuCtx& c, const ModelConfig& cfg, const MlaWeightsGpu& w, const float* x, int64_t n_tok,
+              float* z, float* out, int layer) {
+  const int64_t nz = n_tok * cfg.mla.n_head * cfg.mla.d_v;
+  c.rnd(z, nz);
+  c.cb("mla_z", layer, z, nz);
+  if (cfg.mla.use_output_gate) {
+    DevBuf g;
+    K3_RETURN_IF_ERROR(g.alloc(c, nz));
+    linear(c, w.g_proj, x, n_tok, g.f());
+    sigmoid_mul_inplace(c, z, g.f(), nz);
+    c.rnd(z, nz);
+  }
+  linear(c, w.o_proj, z, n_tok, out);
+  return launch_status("mla layer");
 }
 
 }  // namespace
@@ -408,24 +470,79 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
   const bool sparse_mla =
       env_switch("K3_DSA_SPARSE_MLA", true) && c.bf16() && R == kMlaLatent && dr == kMlaRope;
   all_abs = all_abs && any_abs;
+
+  // Append the new rows: fp32 (the state of record) and their bf16 pages; DSA: the index keys too.
+  const int Di = w.has_dsa ? cfg.dsa.d_head : 0;
+  CallRows cr;
+  K3_RETURN_IF_ERROR(call_rows(c, seqs, n_tok, dl, Di, &cr));
+  // one pool for every sequence of the model (or none)
+  const CachePagesGpu* pg = cr.live.empty() ? nullptr : seqs[size_t(cr.live[0])].st->paged;
+  append_rows_kernel<<<blocks_for(n_tok * dl), kThreads, 0, c.stream()>>>(cr.lat, kv.f(), n_tok, dl);
+  PageStore ps;
+  ps.table = cr.table, ps.max_pages = cr.max_pages, ps.row_seq = cr.row_seq, ps.pos = cr.pos,
+  ps.n_rows = n_tok;
+  if (pg && pg->latent) {
+    ps.pages = pg->latent, ps.width = dl, ps.src = kv.f();
+    page_store(ps, c.stream());
+  }
+  DevBuf kI;
+  if (w.has_dsa) {
+    K3_RETURN_IF_ERROR(kI.alloc(c, n_tok * Di));
+    dsa_keys_gpu(c, cfg, w.dsa, x, n_tok, kI.f(), layer);
+    append_rows_kernel<<<blocks_for(n_tok * Di), kThreads, 0, c.stream()>>>(cr.idx, kI.f(), n_tok, Di);
+    if (pg && pg->index) {
+      ps.pages = pg->index, ps.width = Di, ps.src = kI.f();
+      page_store(ps, c.stream());
+    }
+  }
+  // The pages of table rows [k, ..) of the call (one per sequence), or of per-row tables.
+  auto lat_pages = [&](const int32_t* table) {
+    return PagedRows{pg ? pg->latent : nullptr, table, cr.max_pages, pg ? pg->n_pages : 0};
+  };
+  auto key_pages = [&](const int32_t* table) {
+    return PagedRows{pg ? pg->index : nullptr, table, cr.max_pages, pg ? pg->n_pages : 0};
+  };
+
+  // A decode call on the tensor-core kernels: every sequence's rows in one launch each (the pages make one
+  // cache of the batch). Dense MLA (K3) on mla_decode; DSA (K3.1): one indexer and top-k launch for all rows,
+  // then mla_sparse.
+  const bool dsa_fast = w.has_dsa && dsa_fast_fits(c, cfg) && pg && pg->index;
+  if (all_abs && pg && pg->latent && (w.has_dsa ? dsa_fast && sparse_mla : fast_decode)) {
+    with_kvb([&](auto kvb) { absorb_q(c, qh.f(), q.f(), kvb, n_tok, nh, dn, dr, R, wkv); });
+    DevBuf q16, rt, sel;
+    K3_RETURN_IF_ERROR(to_bf16(c, qh.f(), n_tok * nh * dl, &q16));
+    const int32_t* table = cr.table;  // one row per sequence = one per query row when each adds one token
+    if (int64_t(cr.live.size()) != n_tok) {
+      K3_RETURN_IF_ERROR(row_tables(c, cr, 0, n_tok, &rt));
+      table = rt.as<int32_t>();
+    }
+    if (w.has_dsa) {
+      K3_RETURN_IF_ERROR(dsa_select_rows_gpu(c, cfg, w.dsa, cq.f(), x, n_tok, cr.ctx, cr.max_ctx,
+                                             key_pages(table), &sel, layer));
+      K3_RETURN_IF_ERROR(sparse_rows(c, q16.as<uint16_t>(), lat_pages(table), false, sel.as<int32_t>(), n_tok,
+                                     nh, cfg.dsa.topk, scale, zh.f()));
+    } else {
+      K3_RETURN_IF_ERROR(
+          decode_rows(c, q16.as<uint16_t>(), lat_pages(table), cr.ctx, cr.max_ctx, n_tok, nh, scale, zh.f()));
+    }
+    with_kvb([&](auto kvb) { expand_z(c, z.f(), zh.f(), kvb, n_tok, nh, dn, dv, R, wkv); });
+    return finish(c, cfg, w, x, n_tok, z.f(), out, layer);
+  }
+
   if (all_abs)  // a decode step: W_UK read once for every sequence's rows; bf16 mode: q^ in bf16
                 // (model/mla.cpp)
     with_kvb([&](auto kvb) { absorb_q(c, qh.f(), q.f(), kvb, n_tok, nh, dn, dr, R, wkv); });
-  for (const MlaSeqGpu& s : seqs) {
-    if (s.n_tok <= 0) continue;
+  for (size_t k = 0; k < cr.live.size(); ++k) {
+    const MlaSeqGpu& s = seqs[size_t(cr.live[k])];
     MlaStateGpu& st = *s.st;
     const int64_t n_ctx = s.n_past + s.n_tok;
-    K3_ASSERT(st.cap >= n_ctx);  // GpuSeqState::reserve ran before the layer loop
-    K3_CUDA_CHECK(cudaMemcpyAsync(st.latent + s.n_past * dl, kv.f() + s.row0 * dl, size_t(s.n_tok * dl) * 4,
-                                  cudaMemcpyDeviceToDevice, c.stream()));
-    if (st.latent16)
-      to_bf16_bits(c.stream(), kv.f() + s.row0 * dl, s.n_tok * dl, st.latent16 + s.n_past * dl);
+    const int32_t* own = cr.table + int64_t(k) * cr.max_pages;  // this sequence's table row
     DevBuf sel;
     bool sparse = false;
     if (w.has_dsa)
       K3_RETURN_IF_ERROR(dsa_select_gpu(c, cfg, w.dsa, cq.f() + s.row0 * m.q_lora_rank,
-                                        x + s.row0 * cfg.d_model, s.n_past, s.n_tok, &st, &sel, &sparse,
-                                        layer));
+                                        x + s.row0 * cfg.d_model, s.n_past, s.n_tok, st.index_k,
+                                        key_pages(own), &sel, &sparse, layer));
     AttentionParams p;
     p.n_q = s.n_tok;
     p.n_kv = n_ctx;
@@ -460,11 +577,17 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
     if (!all_abs)  // bf16 mode: q^ in bf16 (model/mla.cpp)
       with_kvb(
           [&](auto kvb) { absorb_q(c, qs, q.f() + s.row0 * nh * dqk, kvb, s.n_tok, nh, dn, dr, R, wkv); });
-    if (fast_decode && !sparse) {
-      K3_RETURN_IF_ERROR(decode_fast(c, qs, st, s.n_tok, s.n_past, nh, scale, zs));
-    } else if (sparse_mla && sparse) {
-      K3_RETURN_IF_ERROR(
-          sparse_fast(c, qs, st, sel.as<int32_t>(), s.n_tok, s.n_past, nh, cfg.dsa.topk, scale, zs));
+    if (fast_decode && !sparse && pg && pg->latent) {
+      DevBuf q16, rt;
+      K3_RETURN_IF_ERROR(to_bf16(c, qs, s.n_tok * nh * dl, &q16));
+      K3_RETURN_IF_ERROR(row_tables(c, cr, s.row0, s.n_tok, &rt));
+      K3_RETURN_IF_ERROR(decode_rows(c, q16.as<uint16_t>(), lat_pages(rt.as<int32_t>()), cr.ctx + s.row0,
+                                     n_ctx, s.n_tok, nh, scale, zs));
+    } else if (sparse_mla && sparse && pg && pg->latent) {
+      DevBuf q16;
+      K3_RETURN_IF_ERROR(to_bf16(c, qs, s.n_tok * nh * dl, &q16));
+      K3_RETURN_IF_ERROR(sparse_rows(c, q16.as<uint16_t>(), lat_pages(own), true, sel.as<int32_t>(), s.n_tok,
+                                     nh, cfg.dsa.topk, scale, zs));
     } else {
       p.d_qk = dl, p.d_v = R;
       p.q = qs, p.q_tok_stride = int64_t(nh) * dl, p.q_head_stride = dl;
@@ -479,17 +602,7 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
   }
   if (all_abs)  // a decode step: W_UV read once for every sequence's rows
     with_kvb([&](auto kvb) { expand_z(c, z.f(), zh.f(), kvb, n_tok, nh, dn, dv, R, wkv); });
-  c.rnd(z.f(), n_tok * nh * dv);
-  c.cb("mla_z", layer, z.f(), n_tok * nh * dv);
-  if (m.use_output_gate) {
-    DevBuf g;
-    K3_RETURN_IF_ERROR(g.alloc(c, n_tok * nh * dv));
-    linear(c, w.g_proj, x, n_tok, g.f());
-    sigmoid_mul_inplace(c, z.f(), g.f(), n_tok * nh * dv);
-    c.rnd(z.f(), n_tok * nh * dv);
-  }
-  linear(c, w.o_proj, z.f(), n_tok, out);
-  return launch_status("mla layer");
+  return finish(c, cfg, w, x, n_tok, z.f(), out, layer);
 }
 
 }  // namespace k3::gpu

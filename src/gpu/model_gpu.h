@@ -55,12 +55,17 @@ struct KdaStateGpu {
   uint16_t* conv16 = nullptr;  // instead of conv on the fast path (bf16 mode, K = V = 128, W = 4): the same
                                // window in bf16, exact (the pre-conv rows are a bf16 rounding point)
 };
+struct CachePagesGpu;
+class CachePoolGpu;
 struct MlaStateGpu {
   float* latent = nullptr;   // [cap, d_latent] rows [c | r]; rows [0, n_past) valid
-  uint16_t* latent16 = nullptr;  // the same rows in bf16 (bf16 mode, d_latent = 576: the tensor-core MLA
-                                 // kernels' cache, kept beside latent instead of converted every step)
   float* index_k = nullptr;  // [cap, dsa d_head] (DSA layers)
   int64_t cap = 0;           // rows allocated
+  // The same rows in bf16 pages of the model's pool (cache_pool_gpu.cuh), which the tensor-core MLA and DSA
+  // kernels read: this layer's arrays, and the sequence's page ids (position s in page (*table)[s / 64]).
+  // Null where the config's shapes have no pages.
+  const CachePagesGpu* paged = nullptr;
+  const std::vector<int32_t>* table = nullptr;
 };
 
 // Per-sequence state on the device (model/state.h's layout, device memory).
@@ -85,11 +90,15 @@ class GpuSeqState {
  private:
   friend class GpuModel;
   explicit GpuSeqState(const ModelConfig& cfg) : cfg_(&cfg) {}
-  // Grows every MLA layer's cache to hold at least n rows (doubling; old rows copied).
+  // Grows every MLA layer's cache to hold at least n rows (doubling; old rows copied), and takes the pages
+  // for them.
   Status reserve(int64_t n);
+  // Pages <- bf16 of the fp32 rows [0, n) of every MLA layer (after upload and fill_synthetic).
+  Status store_pages(int64_t n);
   const ModelConfig* cfg_;
   float* kda_block_ = nullptr;  // one allocation for every KDA layer's S and conv
-  bool latent16_ = false;       // MLA layers keep MlaStateGpu::latent16
+  std::shared_ptr<CachePoolGpu> pool_;  // the model's page pool (null: no pages for this config)
+  std::vector<int32_t> pages_;          // page ids, in position order; the same in every MLA layer
   int64_t n_past_ = 0;
 };
 

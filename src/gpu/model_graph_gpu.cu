@@ -149,11 +149,11 @@ Status GpuModel::fill_synthetic(GpuSeqState& st, int64_t n_past, uint64_t seed, 
     }
     const MlaStateGpu& m = st.mla[size_t(l)];
     fill(m.latent, n_past * cfg_.mla.d_latent(), -1.f, 1.f);
-    if (m.latent16) to_bf16_bits(s, m.latent, n_past * cfg_.mla.d_latent(), m.latent16);
     if (cfg_.layer_attn[size_t(l)] == AttnKind::dsa) fill(m.index_k, n_past * cfg_.dsa.d_head, -1.f, 1.f);
   }
   K3_RETURN_IF_ERROR(launch_status("fill_synthetic"));
   K3_RETURN_IF_ERROR(synchronize(impl_->ctx.get()));
+  K3_RETURN_IF_ERROR(st.store_pages(n_past));
   st.n_past_ = n_past;
   return ok_status();
 }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gpu/arena.h"
+#include "gpu/cache_pool_gpu.cuh"
 #include "gpu/context.h"
 #include "gpu/model_gpu.h"
 #include "gpu/step_graph.cuh"
@@ -24,6 +25,8 @@ struct GpuModel::Impl {
   SideStream side;  // side.g == nullptr: no side stream
   std::unique_ptr<ModelWeightsGpu> w;
   std::vector<float> host;    // trace staging
+  HostStage stage;            // pinned slots for the MLA layers' block tables (GpuCtx::stage)
+  std::shared_ptr<CachePoolGpu> pool;  // the bf16 cache pages of every sequence (made by the first new_state)
   std::vector<float> logits;  // forward_batch's [B, V] host logits, grown, never shrunk
   // CUDA-graph decode steps (run_graph_step)
   DeviceArena arena;          // every graph step's buffers and captured scratch; sized for arena_bucket

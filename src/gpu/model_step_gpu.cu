@@ -162,6 +162,7 @@ void GpuModel::init_ctx(GpuCtx* c, Status* guard) {
   c->guard = guard;
   c->host = &impl_->host;
   c->side = impl_->side.g ? &impl_->side : nullptr;
+  c->stage = &impl_->stage;
 }
 
 Status GpuModel::run_pieces(std::span<GpuSeqState* const> states, const int32_t* tokens,

@@ -4,14 +4,15 @@
 //               the window is bf16 (conv16) when the fast kernels run (bf16 mode, K = V = 128, W = 4; exact,
 //               as the pre-conv rows are a bf16 rounding point), fp32 otherwise (or with K3_KDA_FAST=0).
 //   MLA layers: latent rows [cap, d_latent] (+ DSA index keys [cap, Di]), grown by doubling before a call;
-//               in bf16 mode with d_latent = 576 also a bf16 copy of the latent rows (exact: they are bf16
-//               values there), which the tensor-core MLA kernels read (mla_gpu.cu)
+//               where the shapes fit the tensor-core kernels also their bf16 values in pages of the model's
+//               pool (cache_pool_gpu.cuh), which those kernels read (mla_gpu.cu, dsa_gpu.cu)
 // Copies to and from a host SeqState use the same layouts, so a sequence can move between CPU and GPU.
 #include "core/cuda_check.h"
 #include "core/dtype.h"
 #include "core/env.h"
 #include "gpu/common_gpu.cuh"
 #include "gpu/model_gpu.h"
+#include "gpu/model_impl_gpu.cuh"
 #include "ops/mla_decode.h"
 
 #include <cuda_runtime.h>
@@ -59,7 +60,8 @@ bool has_conv16(const std::vector<KdaStateGpu>& kda) {
 
 GpuSeqState::~GpuSeqState() {
   cudaFree(kda_block_);
-  for (MlaStateGpu& m : mla) cudaFree(m.latent), cudaFree(m.latent16), cudaFree(m.index_k);
+  for (MlaStateGpu& m : mla) cudaFree(m.latent), cudaFree(m.index_k);
+  if (pool_) pool_->give(pages_);
 }
 
 Result<std::unique_ptr<GpuSeqState>> GpuModel::new_state() {
@@ -69,8 +71,12 @@ Result<std::unique_ptr<GpuSeqState>> GpuModel::new_state() {
   s->kda.assign(size_t(L), {});
   s->mla.assign(size_t(L), {});
   const bool fast = kda_fast(cfg_, opt_.precision);
-  s->latent16_ =
-      opt_.precision == Precision::bf16 && cfg_.mla.kv_lora_rank == kMlaLatent && cfg_.mla.d_rope == kMlaRope;
+  if (!impl_->pool && CachePoolGpu::wanted(cfg_)) impl_->pool = std::make_shared<CachePoolGpu>(cfg_);
+  s->pool_ = impl_->pool;
+  if (s->pool_)
+    for (int l = 0; l < L; ++l)
+      if (cfg_.layer_attn[size_t(l)] != AttnKind::kda)
+        s->mla[size_t(l)].paged = &s->pool_->layer(l), s->mla[size_t(l)].table = &s->pages_;
   const int64_t per = kda_layer_bytes(cfg_, fast);
   const int64_t n_kda = n_kda_layers(cfg_);
   if (n_kda > 0) {
@@ -103,32 +109,27 @@ Status GpuSeqState::reset() {
 
 Status GpuSeqState::reserve(int64_t n) {
   const int64_t dl = cfg_->mla.d_latent();
+  if (pool_)
+    K3_RETURN_IF_ERROR(pool_->take((n + kCachePage - 1) / kCachePage - int64_t(pages_.size()), &pages_));
   for (int l = 0; l < cfg_->n_layer; ++l) {
     if (cfg_->layer_attn[size_t(l)] == AttnKind::kda) continue;
     MlaStateGpu& m = mla[size_t(l)];
     if (m.cap >= n) continue;
     const int64_t cap = std::max({n, 2 * m.cap, int64_t(64)}), di = index_width(*cfg_, l);
     float *lat = nullptr, *idx = nullptr;
-    uint16_t* lat16 = nullptr;
     K3_CUDA_CHECK(
         cudaDeviceSynchronize());  // the old rows are final (the model's stream is idle between calls)
     K3_CUDA_CHECK(cudaMalloc(&lat, size_t(cap * dl) * 4));
     if (n_past_ > 0)
       K3_CUDA_CHECK(cudaMemcpy(lat, m.latent, size_t(n_past_ * dl) * 4, cudaMemcpyDeviceToDevice));
-    if (latent16_) {
-      K3_CUDA_CHECK(cudaMalloc(&lat16, size_t(cap * dl) * 2));
-      if (n_past_ > 0)
-        K3_CUDA_CHECK(cudaMemcpy(lat16, m.latent16, size_t(n_past_ * dl) * 2, cudaMemcpyDeviceToDevice));
-    }
     if (di > 0) {
       K3_CUDA_CHECK(cudaMalloc(&idx, size_t(cap * di) * 4));
       if (n_past_ > 0)
         K3_CUDA_CHECK(cudaMemcpy(idx, m.index_k, size_t(n_past_ * di) * 4, cudaMemcpyDeviceToDevice));
     }
     cudaFree(m.latent);
-    cudaFree(m.latent16);
     cudaFree(m.index_k);
-    m.latent = lat, m.latent16 = lat16, m.index_k = idx, m.cap = cap;
+    m.latent = lat, m.index_k = idx, m.cap = cap;
   }
   return ok_status();
 }
@@ -137,8 +138,8 @@ int64_t GpuSeqState::bytes() const {
   int64_t n = kda_layer_bytes(*cfg_, has_conv16(kda)) * n_kda_layers(*cfg_);
   for (int l = 0; l < cfg_->n_layer; ++l)
     if (cfg_->layer_attn[size_t(l)] != AttnKind::kda)
-      n += mla[size_t(l)].cap *
-           ((cfg_->mla.d_latent() + index_width(*cfg_, l)) * 4 + (latent16_ ? cfg_->mla.d_latent() * 2 : 0));
+      n += mla[size_t(l)].cap * (cfg_->mla.d_latent() + index_width(*cfg_, l)) * 4;
+  if (pool_) n += int64_t(pages_.size()) * pool_->page_bytes();
   return n;
 }
 
@@ -205,16 +206,35 @@ Status GpuSeqState::upload(const SeqState& host) {
     if (n == 0) continue;
     K3_CUDA_CHECK(
         cudaMemcpy(mla[size_t(l)].latent, m.latent.data(), m.latent.size() * 4, cudaMemcpyHostToDevice));
-    if (uint16_t* l16 = mla[size_t(l)].latent16) {
-      to_bf16_bits(nullptr, mla[size_t(l)].latent, n * dl, l16);
-      K3_CUDA_CHECK(cudaDeviceSynchronize());
-    }
     if (di > 0)
       K3_CUDA_CHECK(
           cudaMemcpy(mla[size_t(l)].index_k, m.index_k.data(), m.index_k.size() * 4, cudaMemcpyHostToDevice));
   }
+  K3_RETURN_IF_ERROR(store_pages(n));
   n_past_ = n;
   return ok_status();
+}
+
+Status GpuSeqState::store_pages(int64_t n) {
+  if (!pool_ || n <= 0) return ok_status();
+  int32_t* table = nullptr;
+  K3_CUDA_CHECK(cudaMalloc(&table, pages_.size() * 4));
+  cudaError_t e = cudaMemcpy(table, pages_.data(), pages_.size() * 4, cudaMemcpyHostToDevice);
+  for (int l = 0; l < cfg_->n_layer && e == cudaSuccess; ++l) {
+    const MlaStateGpu& m = mla[size_t(l)];
+    if (!m.paged) continue;
+    PageStore p;
+    p.table = table, p.max_pages = int(pages_.size()), p.n_rows = n;
+    p.pages = m.paged->latent, p.width = m.paged->d_latent, p.src = m.latent;
+    page_store(p, nullptr);
+    p.pages = m.paged->index, p.width = m.paged->d_index, p.src = m.index_k;
+    page_store(p, nullptr);
+  }
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  cudaFree(table);
+  if (e != cudaSuccess)
+    return error(Code::internal, std::string("storing cache pages: ") + cudaGetErrorString(e));
+  return launch_status("storing cache pages");
 }
 
 }  // namespace k3::gpu

@@ -4,9 +4,10 @@
 //         a batch of sequences, and a state moved GPU -> CPU mid-sequence (tiny-kl, tiny-k3, tiny-k31,
 //         tiny-k3-mla; the K3.1 context exceeds index_topk so the DSA selection is sparse)
 //   bf16: every named intermediate of every layer, NMSE <= 1e-4 against the CPU at the same rounding points,
-//         each layer fed the CPU's input (set_layer_inputs); end to end, logits NMSE <= 5e-2 (tiny-k3-mla runs
-//         the tensor-core MLA kernels, the bf16 default; the same with K3_MLA_FAST=0, the generic kernels;
-//         and with a top-8 DSA indexer, generic and on ops/mla_sparse.h)
+//         each layer fed the CPU's input (set_layer_inputs); end to end, logits NMSE <= 5e-2 (tiny-k3-mla
+//         runs the tensor-core MLA kernels, the bf16 default; the same with K3_MLA_FAST=0, the generic
+//         kernels; and with a top-8 DSA indexer, generic and on ops/mla_sparse.h); a batch's decode steps
+//         (one launch per kernel for all sequences, paged caches) = each sequence decoded alone
 //   k3-tiny (when present): perplexity over a few windows within 0.5% of the CPU's
 // Without a CUDA device (or a CUDA build) every GPU test skips; load() must then say why.
 #include <gtest/gtest.h>
@@ -258,6 +259,77 @@ TEST(GpuModel, Bf16DsaGenericMatchesCpu) {
 TEST(GpuModel, Bf16DsaSparseMlaOpMatchesCpu) {
   SKIP_WITHOUT_GPU();
   expect_dsa_layers_match_cpu("1");
+}
+
+// bf16 decode steps of a batch (one launch of each MLA / DSA kernel for every sequence, the caches in pages
+// of the model's pool) = the same sequences decoded alone: three sequences of different lengths (6, 19, 31
+// tokens: below and above the top-8 of the DSA variant), prefilled alone, then four decode steps together
+// (padded to a bucket of 4 by a scratch sequence). Only the attention kernels' split of the context may
+// differ with the batch (fp32 summation order; a flipped bf16 rounding can move a MoE route), so the bound
+// allows that and is still far below a wrong row or page (NMSE ~1).
+void expect_batch_decode_equals_alone(const Checkpoint& ck, const char* what) {
+  ModelOptions opt;
+  opt.precision = Precision::bf16;
+  auto g = gpu::GpuModel::load(ck, opt);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  gpu::GpuModel& m = **g;
+  const int32_t V = m.config().n_vocab;
+  const int64_t lens[] = {6, 19, 31};
+  constexpr int kSteps = 4;
+  std::vector<std::vector<int32_t>> prompt, next;
+  for (int i = 0; i < 3; ++i) {
+    prompt.push_back(random_tokens(lens[i], V, 40 + i));
+    next.push_back(random_tokens(kSteps, V, 50 + i));
+  }
+  auto prefill = [&](int i) {
+    auto st = m.new_state();
+    EXPECT_TRUE(st.ok()) << st.status().message();
+    Status s = m.forward(**st, prompt[size_t(i)].data(), lens[i], nullptr, false);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return std::move(st).value();
+  };
+  std::vector<std::vector<float>> alone(3);  // [step][V] per sequence, appended
+  for (int i = 0; i < 3; ++i) {
+    auto st = prefill(i);
+    for (int t = 0; t < kSteps; ++t) {
+      std::vector<float> lg;
+      ASSERT_TRUE(m.forward(*st, &next[size_t(i)][size_t(t)], 1, &lg, false).ok());
+      alone[size_t(i)].insert(alone[size_t(i)].end(), lg.end() - V, lg.end());
+    }
+  }
+  std::vector<std::unique_ptr<gpu::GpuSeqState>> sts;
+  std::vector<gpu::GpuSeqState*> ptrs;
+  for (int i = 0; i < 3; ++i) sts.push_back(prefill(i)), ptrs.push_back(sts.back().get());
+  std::vector<std::vector<float>> batch(3);
+  for (int t = 0; t < kSteps; ++t) {
+    std::vector<std::span<const int32_t>> spans;
+    for (int i = 0; i < 3; ++i) spans.emplace_back(&next[size_t(i)][size_t(t)], 1);
+    std::vector<std::vector<float>> last;
+    Status s = m.forward_batch(ptrs, spans, &last);
+    ASSERT_TRUE(s.ok()) << s.message();
+    for (int i = 0; i < 3; ++i)
+      batch[size_t(i)].insert(batch[size_t(i)].end(), last[size_t(i)].begin(), last[size_t(i)].end());
+  }
+  for (int i = 0; i < 3; ++i) {
+    const double e = nmse(batch[size_t(i)], alone[size_t(i)]);
+    std::printf("[ %s: batch decode vs alone, sequence of %lld: logits NMSE %.3g ]\n", what,
+                static_cast<long long>(lens[i]), e);
+    EXPECT_LE(e, 1e-3) << what << ", sequence " << i;
+  }
+}
+
+TEST(GpuModel, Bf16BatchDecodeEqualsAloneMla) {
+  SKIP_WITHOUT_GPU();
+  auto ck = open_model("tiny-k3-mla");
+  ASSERT_TRUE(ck);
+  expect_batch_decode_equals_alone(*ck, "tiny-k3-mla");
+}
+
+TEST(GpuModel, Bf16BatchDecodeEqualsAloneDsa) {
+  SKIP_WITHOUT_GPU();
+  auto ck = mla_dsa_top8();
+  ASSERT_TRUE(ck);
+  expect_batch_decode_equals_alone(*ck, "tiny-k3-mla DSA top-8");
 }
 
 // -log softmax(z)[id] in double.
