@@ -40,6 +40,16 @@ Status kda_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const KdaWeights
                        std::span<const KdaSeqGpu> seqs, const float* x, int64_t n_rows, float* out,
                        int layer);
 
+// Absorbed MLA's per-head products (mla_absorb_gpu.cu), TW = uint16_t (the bf16 kv_b_proj) or float (its
+// fp32 copy): q^ rows qh [n_tok, nh, R + dr] from q [n_tok, nh, dn + dr] (bf16-rounded in bf16 mode), and
+// z [n_tok, nh, dv] from z^ rows zh [n_tok, nh, R]; wkv = dn + dv.
+template <class TW>
+void absorb_q(const GpuCtx& c, float* qh, const float* q, const TW* kvb, int64_t n_tok, int nh, int dn,
+              int dr, int R, int wkv);
+template <class TW>
+void expand_z(const GpuCtx& c, float* z, const float* zh, const TW* kvb, int64_t n_tok, int nh, int dn,
+              int dv, int R, int wkv);
+
 Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeightsGpu& w,
                        std::span<const MlaSeqGpu> seqs, const float* x, int64_t n_rows, float* out,
                        int layer);
