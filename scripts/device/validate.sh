@@ -6,6 +6,7 @@
 #   3. test-ops, the CUDA cases of the MLA decode kernels (both picked by size now);
 #   4. the K3 and K3.1 slices: bench_slice's GPU = CPU checks and decode timings at B = 1 / 64, T = 4K / 128K
 #      with the defaults (K3.1: DSA over ops/mla_sparse.h), then K3's with K3_MLA_FAST=0 (the generic MLA);
+#      SLICE_BATCHES / SLICE_CTX / SLICE_BUDGET / SLICE_TIMEOUT widen the grid (1,64 / 4096,131072 / 70 / 90);
 #      slice_old: the same timings with BUILD/bench_slice_old (an earlier commit's, named by OLD_COMMIT at
 #      --pack), in the same call;
 #   5. fused: the fused AttnRes mix + RMSNorm (K3_ATTN_RES_NORM_FUSED=1, the default): every GPU test, then the
@@ -216,13 +217,15 @@ bench_envs() {
   fi
   if on slice; then
     echo "== bench_slice, defaults, K3 and K3.1 ($(el))"
-    timeout 90 "$B/bench_slice" -m "$S/k3" -m31 "$S/k31" --batches 1,64 --contexts 4096,131072 --budget-s 70 \
+    timeout "${SLICE_TIMEOUT:-90}" "$B/bench_slice" -m "$S/k3" -m31 "$S/k31" --batches "${SLICE_BATCHES:-1,64}" \
+      --contexts "${SLICE_CTX:-4096,131072}" --budget-s "${SLICE_BUDGET:-70}" \
       --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT" 2>/dev/null)" 2>&1 | grep -E 'NMSE|over|B=|graphs'
   fi
   if on slice_old && [ -x "$B/bench_slice_old" ]; then  # the same slices on an earlier commit's bench_slice
     echo "== bench_slice_old ($(cat "$B/COMMIT_old" 2>/dev/null)), K3 and K3.1 ($(el))"
-    timeout 90 "$B/bench_slice_old" -m "$S/k3" -m31 "$S/k31" --no-check --batches 1,64 --contexts 4096,131072 \
-      --budget-s 70 --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT_old" 2>/dev/null)" 2>&1 |
+    timeout "${SLICE_TIMEOUT:-90}" "$B/bench_slice_old" -m "$S/k3" -m31 "$S/k31" --no-check \
+      --batches "${SLICE_BATCHES:-1,64}" --contexts "${SLICE_CTX:-4096,131072}" --budget-s "${SLICE_BUDGET:-70}" \
+      --jsonl "$out/slice.jsonl" --commit "$(cat "$B/COMMIT_old" 2>/dev/null)" 2>&1 |
       grep -E 'over|B=|graphs'
   fi
   if on mla; then
