@@ -1,5 +1,6 @@
 // cuda_mma.cuh: internal to src/ops/*_cuda.cu: the sm_80+ PTX wrappers the tensor-core kernels share
-// (shared-memory addresses, 16-byte cp.async, mbarriers, ldmatrix, bf16 m16n8k16 MMA). Not a public header.
+// (shared-memory addresses, 16-byte cp.async, mbarriers, bulk copies, cluster st.async, ldmatrix, bf16
+// m16n8k16 MMA). Not a public header.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -72,6 +73,29 @@ __device__ __forceinline__ void fence_proxy_async() {
 }
 __device__ __forceinline__ void fence_mbar_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// Distributed shared memory (sm_90 clusters): mapa gives this CTA's shared address `addr` in cluster CTA
+// `rank`; st_async stores 4 or 16 bytes there and counts them on that CTA's mbarrier at this CTA's address
+// `bar` (complete_tx). No fence on the sending side: the receiver's acquire wait (mbar_wait_parity<true>)
+// orders the data.
+__device__ __forceinline__ uint32_t mapa(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ void st_async(uint32_t addr, uint32_t bar, uint32_t rank, uint32_t v) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(mapa(addr, rank)),
+      "r"(v), "r"(mapa(bar, rank))
+      : "memory");
+}
+__device__ __forceinline__ void st_async(uint32_t addr, uint32_t bar, uint32_t rank, uint4 v) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
+          mapa(addr, rank)),
+      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(mapa(bar, rank))
+      : "memory");
 }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {

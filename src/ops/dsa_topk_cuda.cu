@@ -68,18 +68,6 @@ struct Exchange {
   uint64_t* bar;    // [2]: one a buffer
 };
 
-__device__ __forceinline__ uint32_t mapa(uint32_t addr, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ void st_async(uint32_t addr, uint32_t bar, uint32_t rank, uint4 v) {
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
-          mapa(addr, rank)),
-      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(mapa(bar, rank))
-      : "memory");
-}
 // The 4 radix passes of the cluster over this CTA's keys 0 .. m-1: on return prefix holds T, remaining the
 // number of keys == T to take, gt_lower the lower ranks' keys > T, sh.eq_lower their keys == T. Without
 // kPush the last merge arrives on the cluster barrier the kernel's end waits on.

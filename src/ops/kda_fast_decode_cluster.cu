@@ -32,6 +32,7 @@
 #include <atomic>
 
 #include "core/cuda_check.h"
+#include "ops/cuda_mma.cuh"
 #include "ops/kda_fast.h"
 #include "ops/kda_fast_decode_io.cuh"
 
@@ -123,33 +124,6 @@ __device__ inline void cluster_arrive_relaxed() {
 __device__ inline void cluster_wait() {  // acquire: a no-op for the loads still in flight
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-__device__ inline uint32_t smem_addr(const void* p) {
-  return uint32_t(__cvta_generic_to_shared(p));
-}
-// Stores v at the address of `local` in the shared memory of cluster CTA `rank` (another CTA) and
-// counts its 4 bytes on that CTA's mbarrier at the address of `bar`. No fence on this side: the receiver's
-// wait on its mbarrier orders the data (so neither the state loads in flight nor the state stores are waited
-// for, as a release barrier would).
-__device__ inline void st_async(const float* local, const uint64_t* bar, uint32_t rank, float v) {
-  uint32_t ra, rb;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(smem_addr(local)), "r"(rank));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_addr(bar)), "r"(rank));
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(ra),
-               "r"(__float_as_uint(v)), "r"(rb)
-               : "memory");
-}
-// Waits until the mbarrier at `bar` has completed phase 0, with acquire at cluster scope.
-__device__ inline void mbar_wait0(const uint64_t* bar) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(smem_addr(bar))
-        : "memory");
-}
-
 __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(NT, KDA_DECODE_CL_MIN_BLOCKS)
     kda_decode_cluster_kernel(const KdaDecodeParams p) {
   __shared__ __align__(16) float xq[DK], xk[DK];  // q~, k~ (bf16 values), all 128 channels (from the cluster)
@@ -163,16 +137,11 @@ __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(NT, KDA_DECODE_CL_M
   const int H = p.n_head, HK = H * DK, c0 = int(rank) * NC;
   const int c4 = tid % NQ, r0 = tid / NQ;  // this thread's column quad and first row
   if (tid == 0) {  // each mbarrier: one arrival (here) and the bytes the cluster's st.async will bring
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\tmbarrier.init.shared::cta.b64 [%1], 1;" ::"r"(
-                     smem_addr(&bar[0])),
-                 "r"(smem_addr(&bar[1]))
-                 : "memory");
-    asm volatile(
-        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n\t"
-        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%2], %3;\n\t"
-        "fence.mbarrier_init.release.cluster;" ::"r"(smem_addr(&bar[0])),
-        "r"((CS - 1) * 3 * CH * 4), "r"(smem_addr(&bar[1])), "r"((CS - 1) * 4)
-        : "memory");
+    mbar_init(smem_addr(&bar[0]), 1);
+    mbar_init(smem_addr(&bar[1]), 1);
+    mbar_expect_tx(smem_addr(&bar[0]), (CS - 1) * 3 * CH * 4);
+    mbar_expect_tx(smem_addr(&bar[1]), (CS - 1) * 4);
+    fence_mbar_init();
   }
   cluster_arrive_relaxed();  // every CTA of the cluster has started, its mbarriers set (before any st.async)
 
@@ -269,12 +238,12 @@ __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(NT, KDA_DECODE_CL_M
           if (q == int(rank))
             *dst = val[r];
           else
-            st_async(dst, &bar[0], uint32_t(q), val[r]);
+            st_async(smem_addr(dst), smem_addr(&bar[0]), uint32_t(q), __float_as_uint(val[r]));
         }
       }
     }
   }
-  mbar_wait0(&bar[0]);  // the other ranks' q~, k~, alpha are here
+  mbar_wait_parity<true>(smem_addr(&bar[0]), 0);  // the other ranks' q~, k~, alpha are here
   __syncthreads();      // and this CTA's (a CTA barrier does not wait for the state loads in flight)
   float sq, sk;
   {  // |q|, |k| in every warp (no barrier): lanes hold channels lane + 32 j
@@ -342,12 +311,12 @@ __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(NT, KDA_DECODE_CL_M
     if (lane == int(rank))
       ssum[rank] = ss;
     else if (lane < CS)
-      st_async(&ssum[rank], &bar[1], uint32_t(lane), ss);
+      st_async(smem_addr(&ssum[rank]), smem_addr(&bar[1]), uint32_t(lane), __float_as_uint(ss));
   }
   // Warps 1..3 are done. Every remote store into a CTA is counted by one of its mbarriers, which it waits
   // for before it exits: no CTA's shared memory is written after its exit.
   if (warp == 0) {
-    mbar_wait0(&bar[1]);  // the other ranks' sums of o^2 are here
+    mbar_wait_parity<true>(smem_addr(&bar[1]), 0);  // the other ranks' sums of o^2 are here
     __syncwarp();         // and this rank's, from lane `rank`
     float ms = 0.f;
 #pragma unroll
