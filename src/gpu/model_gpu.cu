@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "core/cuda_check.h"
@@ -272,7 +273,17 @@ Status GpuModel::forward_batch(std::span<GpuSeqState*> states,
     K3_RETURN_IF_ERROR(run(b.live, b.tokens.data(), b.row0, b.out_rows, buf.data()));
     logits = buf.data();
   }
-  if (last_logits) unpack_last_logits(tokens, logits, cfg_.n_vocab, last_logits);
+  if (!last_logits) return ok_status();
+  // At B = 64 the rows are 42 MB for K3 (the vocabulary of 163840): one thread copying them took longer
+  // than the last layers of the step; from 2 MB (B >= 4 for K3) several do.
+  ThreadPool* pool = nullptr;
+  if (b.live.size() * size_t(cfg_.n_vocab) * 4 >= (size_t(2) << 20)) {
+    if (!impl_->copy_pool)
+      impl_->copy_pool =
+          std::make_unique<ThreadPool>(int(std::min(8u, std::max(1u, std::thread::hardware_concurrency()))));
+    pool = impl_->copy_pool.get();
+  }
+  unpack_last_logits(tokens, logits, cfg_.n_vocab, last_logits, pool);
   return ok_status();
 }
 

@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "gpu/arena.h"
 #include "gpu/cache_pool_gpu.cuh"
 #include "gpu/context.h"
@@ -28,6 +29,7 @@ struct GpuModel::Impl {
   HostStage stage;            // pinned slots for the MLA layers' block tables (GpuCtx::stage)
   std::shared_ptr<CachePoolGpu> pool;  // the bf16 cache pages of every sequence (made by the first new_state)
   std::vector<float> logits;  // forward_batch's [B, V] host logits, grown, never shrunk
+  std::unique_ptr<ThreadPool> copy_pool;  // hands the logits rows out (forward_batch, large batches)
   // CUDA-graph decode steps (run_graph_step)
   DeviceArena arena;          // every graph step's buffers and captured scratch; sized for arena_bucket
   int arena_bucket = 0;

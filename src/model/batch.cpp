@@ -13,18 +13,21 @@ Status check_tokens(const int32_t* tokens, int64_t n, int64_t n_vocab) {
 }
 
 void unpack_last_logits(std::span<const std::span<const int32_t>> tokens, const float* logits,
-                        int64_t n_vocab, std::vector<std::vector<float>>* last_logits) {
+                        int64_t n_vocab, std::vector<std::vector<float>>* last_logits, ThreadPool* pool) {
   const size_t V = size_t(n_vocab);
   last_logits->resize(tokens.size());
-  for (size_t i = 0, k = 0; i < tokens.size(); ++i) {
-    std::vector<float>& out = (*last_logits)[i];
-    if (tokens[i].empty()) {
-      out.clear();
-      continue;
+  std::vector<int64_t> row(tokens.size(), -1);  // the logits row of sequence i, -1: none
+  for (size_t i = 0, k = 0; i < tokens.size(); ++i)
+    if (!tokens[i].empty()) row[i] = int64_t(k++);
+  parallel_for(pool, int64_t(tokens.size()), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      std::vector<float>& out = (*last_logits)[size_t(i)];
+      if (row[size_t(i)] < 0)
+        out.clear();
+      else
+        out.assign(logits + size_t(row[size_t(i)]) * V, logits + size_t(row[size_t(i)] + 1) * V);
     }
-    out.assign(logits + k * V, logits + (k + 1) * V);
-    ++k;
-  }
+  });
 }
 
 }  // namespace k3

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/thread_pool.h"
 
 namespace k3 {
 
@@ -47,8 +48,10 @@ Status pack_batch(std::span<State*> states, std::span<const std::span<const int3
 }
 
 // last_logits[i] = row k of logits [n_live, n_vocab] for the k-th sequence with tokens, empty for a sequence
-// without. The caller's vectors keep their capacity across calls: no allocation in steady state.
+// without. The caller's vectors keep their capacity across calls: no allocation in steady state. pool: the
+// rows are copied by its threads (a B = 64 step of K3 hands out 42 MB).
 void unpack_last_logits(std::span<const std::span<const int32_t>> tokens, const float* logits,
-                        int64_t n_vocab, std::vector<std::vector<float>>* last_logits);
+                        int64_t n_vocab, std::vector<std::vector<float>>* last_logits,
+                        ThreadPool* pool = nullptr);
 
 }  // namespace k3

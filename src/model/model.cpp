@@ -179,7 +179,7 @@ Status Model::forward_batch(std::span<SeqState*> states, std::span<const std::sp
   K3_RETURN_IF_ERROR(pack_batch(states, tokens, cfg_.n_vocab, &b));
   std::vector<float> logits(b.out_rows.size() * size_t(cfg_.n_vocab));
   if (!b.live.empty()) K3_RETURN_IF_ERROR(run(b.live, b.tokens.data(), b.row0, b.out_rows, logits.data()));
-  if (last_logits) unpack_last_logits(tokens, logits.data(), cfg_.n_vocab, last_logits);
+  if (last_logits) unpack_last_logits(tokens, logits.data(), cfg_.n_vocab, last_logits, pool_.get());
   return ok_status();
 }
 
