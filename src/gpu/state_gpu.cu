@@ -13,7 +13,6 @@
 #include "gpu/common_gpu.cuh"
 #include "gpu/model_gpu.h"
 #include "gpu/model_impl_gpu.cuh"
-#include "ops/mla_decode.h"
 
 #include <cuda_runtime.h>
 
