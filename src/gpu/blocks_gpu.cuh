@@ -67,9 +67,10 @@ struct PagedRows {
 // bf16(LayerNorm(wk x)) (traced "dsa_k"); mla_gpu.cu appends them to the caches.
 void dsa_keys_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsGpu& w, const float* x,
                   int64_t n_tok, float* kI, int layer);
-// Whether the selection runs on the tensor-core indexer and radix top-k (bf16 mode, the ops' shapes, over
-// the paged keys); else the generic kernels over the fp32 keys.
-bool dsa_fast_fits(const GpuCtx& c, const ModelConfig& cfg);
+// Whether the selection runs on the tensor-core indexer and radix top-k: bf16 mode, <= 64 index heads, and
+// the keys in pages (key_pages: the layer's array, which the pool has only for the indexer's key shapes,
+// cache_pool_gpu.cuh); else the generic kernels over the fp32 keys.
+bool dsa_fast_fits(const GpuCtx& c, const ModelConfig& cfg, const uint16_t* key_pages);
 // One sequence (its keys appended already): when some query sees more than topk positions, fills sel
 // [n_tok, topk] (device int32, -1 padded, ascending positions) and sets *sparse. cq: the q_a_layernorm
 // output rows of this sequence; x: its attention input rows; index_k: its fp32 keys [n_past + n_tok, Di];

@@ -27,7 +27,7 @@ __global__ void page_store_kernel(PageStore p) {
   if (i >= p.n_rows * p.width) return;
   const int64_t r = i / p.width;
   const int col = int(i % p.width);
-  const int64_t s = p.pos ? p.pos[r] : p.pos0 + r;
+  const int64_t s = p.pos ? p.pos[r] : r;
   const int64_t t = p.row_seq ? p.row_seq[r] : 0;
   const int64_t page = p.table[t * p.max_pages + s / kCachePage];
   p.pages[(page * kCachePage + s % kCachePage) * p.width + col] =

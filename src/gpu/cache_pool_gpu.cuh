@@ -47,7 +47,6 @@ class CachePoolGpu {
   // Returns page ids (their contents become garbage).
   void give(const std::vector<int32_t>& pages);
   const CachePagesGpu& layer(int l) const { return layers_[size_t(l)]; }
-  int64_t n_pages() const { return cap_; }
   int64_t page_bytes() const;  // every layer's arrays together, per page id
 
  private:
@@ -60,7 +59,7 @@ class CachePoolGpu {
 // pages[r] of rows [n_rows, width] (fp32 rows holding bf16 values in bf16 mode; rounded to nearest even
 // otherwise): row r goes to the sequence of table row row_seq[r] at position pos[r]:
 // dst[table[row_seq[r] * max_pages + pos[r] / P] * P + pos[r] % P, :] = bf16(src[r, :]).
-// row_seq == nullptr: every row is table row 0's; pos == nullptr: pos0 + r.
+// row_seq == nullptr: every row is table row 0's; pos == nullptr: position r.
 struct PageStore {
   uint16_t* pages = nullptr;
   int width = 0;
@@ -68,7 +67,6 @@ struct PageStore {
   int max_pages = 0;
   const int32_t* row_seq = nullptr;  // device [n_rows]
   const int32_t* pos = nullptr;      // device [n_rows]
-  int64_t pos0 = 0;
   const float* src = nullptr;  // device [n_rows, width]
   int64_t n_rows = 0;
 };

@@ -171,9 +171,9 @@ void dsa_keys_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsGpu& 
   c.cb("dsa_k", layer, kI, n_tok * Di);
 }
 
-bool dsa_fast_fits(const GpuCtx& c, const ModelConfig& cfg) {
-  const int Hi = cfg.dsa.n_head, Di = cfg.dsa.d_head;
-  return c.bf16() && dsa_fast_enabled() && Di % 16 == 0 && Di <= 128 && Hi >= 1 && Hi <= 64;
+bool dsa_fast_fits(const GpuCtx& c, const ModelConfig& cfg, const uint16_t* key_pages) {
+  const int Hi = cfg.dsa.n_head;
+  return c.bf16() && dsa_fast_enabled() && key_pages && Hi >= 1 && Hi <= 64;
 }
 
 Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsGpu& w, const float* cq,
@@ -192,7 +192,7 @@ Status dsa_select_gpu(const GpuCtx& c, const ModelConfig& cfg, const DsaWeightsG
   K3_RETURN_IF_ERROR(a.alloc(c, n_tok * Hi));
   linear(c, w.wq_b, cq, n_tok, qI.f());
   linear(c, w.weights_proj, x, n_tok, a.f());
-  if (dsa_fast_fits(c, cfg) && keys.pages) {
+  if (dsa_fast_fits(c, cfg, keys.pages)) {
     K3_RETURN_IF_ERROR(select_bf16(c, Hi, Di, topk, qI.f(), a.f(), keys, n_past, n_tok, sel));
     *sparse = true;
     K3_RETURN_IF_ERROR(trace_sel(c, layer, sel->as<int32_t>(), n_past, n_tok, topk));

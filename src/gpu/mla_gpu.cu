@@ -311,7 +311,7 @@ Status mla_forward_gpu(const GpuCtx& c, const ModelConfig& cfg, const MlaWeights
   // A decode call on the tensor-core kernels: every sequence's rows in one launch each (the pages make one
   // cache of the batch). Dense MLA (K3) on mla_decode; DSA (K3.1): one indexer and top-k launch for all rows,
   // then mla_sparse.
-  const bool dsa_fast = w.has_dsa && dsa_fast_fits(c, cfg) && pg && pg->index;
+  const bool dsa_fast = w.has_dsa && dsa_fast_fits(c, cfg, pg ? pg->index : nullptr);
   if (all_abs && pg && pg->latent && (w.has_dsa ? dsa_fast && sparse_mla : fast_decode)) {
     with_kvb([&](auto kvb) { absorb_q(c, qh.f(), q.f(), kvb, n_tok, nh, dn, dr, R, wkv); });
     DevBuf q16, rt, sel;
