@@ -6,7 +6,8 @@
 //     MODE: all (default), decode (K3-shape decode checks and timings only; the K3 decode check's launches
 //     come first, for a profiler), prefill (the prefill kernels' checks and timings only), profile (one
 //     K3 prefill of 4096 tokens on each prefill kernel, nothing else), time (the same, then timed: for the
-//     probe builds of moe_experts_wgmma_cuda.cu) or bulk
+//     probe builds of moe_experts_wgmma_cuda.cu), bulk, d0 (the default decode only) or f16 (the
+//     half-precision decode path, variants 21-24: odd-shape and K3 checks, decode timings beside the default)
 // 1. peers: cudaMemcpy D2D of 2 GiB (copy GB/s = read + write bytes / time); cuBLAS bf16 GEMM 8192^3 with
 //    fp32 accumulation (TFLOP/s).
 // 2. correctness: small odd shapes (both paths) and K3 shapes (decode batch 1 and 2 tokens of a 4096-token
@@ -50,7 +51,9 @@ namespace k3 {  // moe_experts_cuda.cu, built with -DK3_MOE_VARIANTS: 0 default,
                 // version (persistent CTAs, a producer warp's cp.async.bulk ring) with 4 stages x 4 CTAs per
                 // SM / 3 x 5 / 6 x 3; any variant but 0 runs prefill on the mma.sync kernel (20: its
                 // default tiles, the prefill default before session 12; 0 = the wgmma kernel where
-                // d_in, d_ff are multiples of 128)
+                // d_in, d_ff are multiples of 128); 21 / 22 the half-precision decode path
+                // (moe_experts_f16_cuda.cu) with tiles of 2 / 4 rows, 23 / 24 = 22 / 21 with 2 chunks in
+                // flight per warp
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 }
 
@@ -266,7 +269,8 @@ int main(int argc, char** argv) {
   const bool pre = mode == "prefill";  // the prefill kernels only: their checks and timings
   const bool bulk = mode == "bulk";  // the bulk-copy variants only: short checks, timings at 1 and 64 tokens
   const bool d0 = mode == "d0";      // the default decode kernel only: its b1 / b8 checks and timings
-  const bool all = mode != "decode" && mode != "bulk" && mode != "profile" && !pre && !d0;
+  const bool f16 = mode == "f16";    // the half-precision decode path (variants 21-24) against the default
+  const bool all = mode != "decode" && mode != "bulk" && mode != "profile" && !pre && !d0 && !f16;
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   g_machine = prop.name;
@@ -278,6 +282,19 @@ int main(int argc, char** argv) {
   cublasCreate(&h);
   g.cublas = h;
 
+  if (f16) {  // odd shapes on the half-precision decode path
+    Experts ex;
+    ex.make(23, 96, 160, 11);
+    Experts ex2;
+    ex2.make(9, 32, 32, 12);
+    for (int v : {21, 22, 23, 24}) {
+      check("small", ex, 1, 3, MoePath::decode, 1, 1, g, v);
+      check("small", ex, 2, 6, MoePath::decode, 6, 2, g, v);
+      check("small", ex, 7, 5, MoePath::decode, 2, 7, g, v);
+      check("small", ex, 40, 4, MoePath::decode, 3, 40, g, v);
+      check("tiny", ex2, 3, 9, MoePath::decode, 5, 3, g, v);
+    }
+  }
   if (all || pre) {  // small odd shapes, both paths
     Experts ex;
     ex.make(23, 96, 160, 11);
@@ -322,21 +339,27 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (f16)
+    for (int v : {21, 22, 23, 24}) {
+      check("k3 decode (f16)", ex, 1, k, MoePath::decode, 21, 1, g, v);
+      check("k3 decode b8 (f16)", ex, 8, k, MoePath::decode, 23, 8, g, v);
+      check("k3 decode b64 (f16, tokens 0-3)", ex, 64, k, MoePath::decode, 25, 4, g, v);
+    }
   if (!pre) check("k3 decode", ex, 1, k, MoePath::decode, 21, 1, g);
-  if (!bulk && !pre) {
+  if (!bulk && !pre && !f16) {
     check("k3 decode b8", ex, 8, k, MoePath::decode, 23, 8, g);
     for (int v : {5, 6, 8, 10, 11})
       if (!d0) check("k3 decode b8 (token 0)", ex, 8, k, MoePath::decode, 23, 1, g, v);
   }
   for (int v : {17, 18, 19}) {  // the bulk-copy version (K % 512 == 0 here)
-    if (pre || d0) break;
+    if (pre || d0 || f16) break;
     check("k3 decode (bulk)", ex, 1, k, MoePath::decode, 21, 1, g, v);
     check("k3 decode b8 (bulk)", ex, 8, k, MoePath::decode, 23, v == 17 && !bulk ? 8 : 2, g, v);
     if (v == 17)
       check("k3 decode b64 (bulk, tokens 0-1)", ex, 64, k, MoePath::decode, 25, bulk ? 2 : 6, g, v);
   }
   for (int v : {12, 13, 14, 15, 16}) {
-    if (bulk || pre || d0) break;
+    if (bulk || pre || d0 || f16) break;
     check("k3 decode (table)", ex, 1, k, MoePath::decode, 21, 1, g, v);
     check("k3 decode b2 (table)", ex, 2, k, MoePath::decode, 24, 2, g, v);
   }
@@ -353,10 +376,11 @@ int main(int argc, char** argv) {
     std::set<int32_t> uniq(r.sel.begin(), r.sel.end());
     const double bytes = double(uniq.size()) * ex.bytes_per_expert();
     const double floor_us = bytes / (copy * 1e9) * 1e6;
-    for (int v : {0, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}) {
+    for (int v : {0, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 21, 22, 23, 24}) {
       if (v >= 12 && v <= 16 && nt > 2) continue;  // the table version: n_tok <= 2
-      if (bulk && v != 0 && v != 11 && v < 17) continue;
+      if (bulk && v != 0 && v != 11 && (v < 17 || v > 19)) continue;
       if (d0 && v != 0) continue;
+      if (f16 != (v >= 21) && v != 0) continue;  // f16: the default and the half-precision variants only
       const double ms = median_ms(st, [&] { moe_experts_cuda_variant(run.p, g, v); });
       const bool goal = nt == 1 && v == 0;
       const std::string tag = "decode_b" + std::to_string(nt) + (v ? "_v" + std::to_string(v) : "");

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "core/env.h"
 #include "ops/moe_experts_cuda.cuh"
 
 namespace k3 {
@@ -43,12 +44,16 @@ struct Scratch {  // carved from p.scratch
   int4* tiles;         // [decode_tiles] decode tiles: (expert or -1, first sorted row, rows, 0)
   __nv_bfloat16* h;    // [n_rows, d_ff] sorted rows
   __nv_bfloat16* o;    // [n_rows, d_in] rows t * k + j
+  // decode only (n_tok <= kMoeDecodeMaxTok): the f16 path's images (its z image is zb's bytes)
+  float* fz;      // [n_tok, d_in / 32]
+  __half* img_h;  // [n_rows, d_ff]
+  float* fh;      // [n_rows, d_ff / 32]
   size_t bytes;
 };
 
-// the most tiles of kDecodeTile rows n_rows rows of E experts make (the decode grid's x)
-int64_t decode_tiles(int64_t n_rows, int E) {
-  return (n_rows + moe::kDecodeTile - 1) / moe::kDecodeTile + std::min<int64_t>(E, n_rows);
+// the most tiles of BT rows n_rows rows of E experts make (the decode grid's x)
+int64_t decode_tiles(int64_t n_rows, int E, int BT = moe::kDecodeTile) {
+  return (n_rows + BT - 1) / BT + std::min<int64_t>(E, n_rows);
 }
 
 Scratch carve(const MoeExpertsParams& p, void* base) {
@@ -65,9 +70,14 @@ Scratch carve(const MoeExpertsParams& p, void* base) {
   s.offsets = reinterpret_cast<int*>(take(size_t(p.n_expert + 1) * 4));
   s.tile_start = reinterpret_cast<int*>(take(size_t(p.n_expert + 1) * 4));
   s.order = reinterpret_cast<int*>(take(size_t(n_rows) * 4));
-  s.tiles = reinterpret_cast<int4*>(take(size_t(decode_tiles(n_rows, p.n_expert)) * 16));
+  s.tiles = reinterpret_cast<int4*>(take(size_t(decode_tiles(n_rows, p.n_expert, 1)) * 16));
   s.h = reinterpret_cast<__nv_bfloat16*>(take(size_t(n_rows) * p.d_ff * 2));
   s.o = reinterpret_cast<__nv_bfloat16*>(take(size_t(n_rows) * p.d_in * 2));
+  if (p.n_tok <= kMoeDecodeMaxTok) {
+    s.fz = reinterpret_cast<float*>(take(size_t(p.n_tok) * (p.d_in / 32) * 4));
+    s.img_h = reinterpret_cast<__half*>(take(size_t(n_rows) * p.d_ff * 2));
+    s.fh = reinterpret_cast<float*>(take(size_t(n_rows) * (p.d_ff / 32) * 4));
+  }
   s.bytes = off;
   return s;
 }
@@ -927,6 +937,23 @@ void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, Gpu
   launch_decode<RING, DEPTH, MINB>(a, max_tiles, (p.d_in + 31) / 32, false, g);
 }
 
+// The half-precision decode path (moe_experts_f16_cuda.cu): tiles of T rows; the z image in zb's bytes.
+void run_decode_f16(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g, int T,
+                    int depth) {
+  const unsigned max_tiles = unsigned(decode_tiles(n_rows, p.n_expert, T));
+  __half* img_z = reinterpret_cast<__half*>(s.zb);
+  f16_image(p.z, p.ldz ? p.ldz : p.d_in, nullptr, p.n_tok, p.d_in, img_z, s.fz, g.stream);
+  sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(
+      p.sel, int(n_rows), p.n_expert, T, s.offsets, s.tile_start, s.order, s.tiles, int(max_tiles));
+  K3_CUDA_LAUNCH_CHECK();
+  GemmArgs a{p.experts, s.tiles, s.offsets, s.tile_start, s.order, p.n_expert, p.k,
+             p.d_ff,    p.d_in,  nullptr,   s.h,          p.act,   p.beta1,    p.beta2};
+  launch_decode_f16(a, img_z, s.fz, true, max_tiles, T, depth, g.stream);
+  f16_image(nullptr, 0, s.h, n_rows, p.d_ff, s.img_h, s.fh, g.stream);
+  a.n_out = p.d_in, a.K = p.d_ff, a.out = s.o;
+  launch_decode_f16(a, s.img_h, s.fh, false, max_tiles, T, depth, g.stream);
+}
+
 template <bool DUAL, int BT, bool REP>
 void launch_gemm(const GemmArgs& a, int64_t n_rows, GpuContext& g) {
   const int64_t max_tiles = (n_rows + BT - 1) / BT + std::min<int64_t>(a.E, n_rows);
@@ -983,8 +1010,10 @@ constexpr int kRingMinTok = 2;
 // decode_lut_ok (n_tok <= 2), else the default; 15 = 13 with its down kernel launched with PDL; 16 = 15 with
 // 4 chunks in flight per warp, sized for 2 blocks per SM; 17 = the bulk-copy version where bulk_ok (a
 // ring of 4 stages, 4 CTAs per SM), else the default; 18 / 19 = the bulk-copy version with 3 stages and 5
-// CTAs / 6 stages and 3 CTAs; 20 = the default decode with the mma prefill kernel. Prefill runs on the wgmma
-// kernel only at variant 0 (where moe::wg_ok and path != prefill_mma).
+// CTAs / 6 stages and 3 CTAs; 20 = the default decode with the mma prefill kernel; 21 / 22 = the
+// half-precision decode path (moe_experts_f16_cuda.cu) with tiles of 2 / 4 rows, 23 / 24 = 22 / 21 with 2
+// chunks in flight per warp (these run in every build; the default decode takes that path with K3_MOE_F16=1).
+// Prefill runs on the wgmma kernel only at variant 0 (where moe::wg_ok and path != prefill_mma).
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 
 void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g) { moe_experts_cuda_variant(p, g, 0); }
@@ -998,6 +1027,19 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
   K3_ASSERT(n_rows < (int64_t(1) << 31));
   const bool decode =
       p.path == MoePath::decode || (p.path == MoePath::automatic && p.n_tok <= kMoeDecodeMaxTok);
+  // the half-precision decode path (moe_experts_f16_cuda.cu): variants 21-24, or the default decode with
+  // K3_MOE_F16=1 (read once)
+  static const bool f16_env = env_switch("K3_MOE_F16", false);
+  const bool f16 = decode && p.n_tok <= kMoeDecodeMaxTok &&
+                   ((variant == 0 && f16_env) || (variant >= 21 && variant <= 24));
+  if (f16) {
+    const int T = variant == 21 || variant == 24 ? 2 : 4;
+    run_decode_f16(p, s, n_rows, g, T, variant == 23 || variant == 24 ? 2 : 1);
+    combine_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
+        s.o, p.wt, p.n_tok, p.k, p.d_in, p.y, p.ldy ? p.ldy : p.d_in);
+    K3_CUDA_LAUNCH_CHECK();
+    return;
+  }
 #ifdef K3_MOE_VARIANTS
   const bool stream = decode && variant != 1 && variant != 4 && variant != 5;  // the decode kernel
   const bool lut = stream && variant >= 12 && variant <= 16 && decode_lut_ok(p);  // its table version

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -88,5 +89,15 @@ using cuda_ops::smem_opt_in;
 // The wgmma prefill GEMM (moe_experts_wgmma_cuda.cu) over the tiles of sort_kernel run with BT = kWgTile:
 // DUAL gate/up -> h (wg order), else down -> o. Needs moe::wg_ok(d_in, d_ff).
 void launch_wgmma(const GemmArgs& a, bool dual, int64_t n_rows, cudaStream_t stream);
+
+// The half-precision decode path (moe_experts_f16_cuda.cu). f16_image: the rows' activation images
+// (moe::f16_pos order, factors 2^-6 / s) from z (fp32, bf16-rounded first) or from h (bf16); img
+// [n_rows, K / 32, 32] f16, fx [n_rows, K / 32]. launch_decode_f16: the gate / up (dual: a.x unused, the
+// image rows are tokens) or down (image rows = sorted rows) kernel over sort_kernel's tiles of T (2 or 4)
+// rows; depth: chunks of weights in flight per warp (1 or 2).
+void f16_image(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t n_rows, int K, __half* img,
+               float* fx, cudaStream_t stream);
+void launch_decode_f16(const GemmArgs& a, const __half* img, const float* fx, bool dual, unsigned max_tiles,
+                       int T, int depth, cudaStream_t stream);
 
 }  // namespace k3::moe_cuda

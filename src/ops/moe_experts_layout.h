@@ -142,4 +142,31 @@ K3_HD uint32_t e8m0_f32_bits(uint32_t e) {
   return b > 0x00400000u ? b : 0x00400000u;
 }
 
+// ---- the half-precision decode kernel's rules (experts_decode_f16_kernel, moe_experts_f16_cuda.cu) ----
+// Weights: a 32-bit word of 8 e2m1 nibbles (column c at bits 4c .. 4c + 3) becomes two words of 4 e4m3
+// bytes by shifts and masks: the nibble's sign goes to bit 7, its 3 magnitude bits to bits 4..2 (exponent
+// field e, top mantissa bit m), which is the e2m1 value times 2^-6 exactly (e = 0: the e4m3 subnormal
+// m * 2^-7). f8_even: byte j = column 2j; f8_odd: byte j = column 2j + 1. Each 16-bit half then becomes an
+// f16 pair in one conversion (exact): half h of f8_even = columns (4h, 4h + 2), of f8_odd (4h + 1, 4h + 3).
+K3_HD uint32_t f8_even(uint32_t w) {
+  return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);
+}
+K3_HD uint32_t f8_odd(uint32_t w) {
+  return ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
+}
+// e4m3 byte -> value (exact; 0x7F / 0xFF are NaN, never made here)
+K3_HD float e4m3_value(uint32_t b) {
+  const int e = int(b >> 3) & 15, m = int(b & 7);
+  const float mag = e ? float(8 + m) * float(1 << e) * (1.0f / 1024.0f) : float(m) * (1.0f / 512.0f);
+  return (b & 0x80u) ? -mag : mag;
+}
+// Activations: each row's groups of 32 columns as f16 x s, s = 2^(141 - E) with E the group's largest bf16
+// exponent field (at least 15), so the largest |x s| is in [2^14, 2^15) and every value down to 2^28 below
+// it converts exactly (a bf16 has 8 significant bits, an f16 11); the group's factor f = 2^-6 / s
+// (the weights' 2^-6 too). Each 8-column unit is stored as the f16 pairs (0, 2), (1, 3), (4, 6), (5, 7): the
+// B registers of the unit's two MMAs.
+K3_HD int f16_pos(int c) {  // column c (0..31) of a group -> its f16 slot
+  return (c & ~7) | (c & 4) | ((c & 1) << 1) | ((c >> 1) & 1);
+}
+
 }  // namespace k3::moe

@@ -16,6 +16,40 @@ uint32_t pair_by_shifts(uint32_t w, int j) {  // the definition: nibbles 3 - j a
   return (w & 0x80008000u) | ((w >> 6) & 0x01C001C0u);
 }
 
+float e2m1_value(uint32_t nib) {  // the MXFP4 element: sign, then {0, .5, 1, 1.5, 2, 3, 4, 6}
+  const float mag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  return (nib & 8u) ? -mag[nib & 7u] : mag[nib & 7u];
+}
+
+TEST(MoeLayout, F8BytesAreTheNibblesTimes2PowMinus6) {
+  // every byte value in every position of a word: f8_even byte j = column 2j (low nibble of byte j),
+  // f8_odd byte j = column 2j + 1 (high nibble), both e4m3 = e2m1 * 2^-6 exactly; the other bytes' bits vary
+  int64_t bad = 0;
+  for (uint32_t b = 0; b < 256; ++b)
+    for (int j = 0; j < 4; ++j)
+      for (uint32_t rest : {0u, 0xFFFFFFFFu, 0x5A5A5A5Au, 0xA5A5A5A5u}) {
+        const uint32_t w = (rest & ~(0xFFu << (8 * j))) | (b << (8 * j));
+        const uint32_t ev = (moe::f8_even(w) >> (8 * j)) & 0xFFu, od = (moe::f8_odd(w) >> (8 * j)) & 0xFFu;
+        bad += moe::e4m3_value(ev) != e2m1_value(b & 15u) * (1.0f / 64.0f);
+        bad += moe::e4m3_value(od) != e2m1_value(b >> 4) * (1.0f / 64.0f);
+      }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(MoeLayout, F16ImageOrderMeetsTheMmaPairs) {
+  // f16_pos is a permutation of a group's 32 columns; unit u holds the pairs (0, 2), (1, 3), (4, 6), (5, 7):
+  // MMA h of word u takes (4h, 4h + 2) as b0 (the f16 pair of f8_even's half h) and (4h + 1, 4h + 3) as b1
+  std::vector<int> seen(32, 0);
+  for (int c = 0; c < 32; ++c) ++seen[size_t(moe::f16_pos(c))];
+  for (int p = 0; p < 32; ++p) EXPECT_EQ(seen[size_t(p)], 1) << "slot " << p;
+  for (int u = 0; u < 4; ++u)
+    for (int h = 0; h < 2; ++h)
+      for (int e = 0; e < 2; ++e) {
+        EXPECT_EQ(moe::f16_pos(8 * u + 4 * h + 2 * e), 8 * u + 4 * h + e);          // b0: (4h, 4h + 2)
+        EXPECT_EQ(moe::f16_pos(8 * u + 4 * h + 2 * e + 1), 8 * u + 4 * h + 2 + e);  // b1: (4h + 1, 4h + 3)
+      }
+}
+
 TEST(MoeLayout, PairMultiplyMatchesShifts) {
   // each half of a pair depends on one byte of w; every value of the two bytes j reads, others varied
   int64_t bad = 0;
