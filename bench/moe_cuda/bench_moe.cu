@@ -344,8 +344,8 @@ int main(int argc, char** argv) {
   if (f16)
     for (int v : {21, 22, 23, 24, 25, 26, 27, 28, 29}) {
       check("k3 decode (f16 / fp8)", ex, 1, k, MoePath::decode, 21, 1, g, v);
-      check("k3 decode b8 (f16 / fp8)", ex, 8, k, MoePath::decode, 23, 8, g, v);
-      check("k3 decode b64 (f16 / fp8, tokens 0-3)", ex, 64, k, MoePath::decode, 25, 4, g, v);
+      check("k3 decode b8 (f16 / fp8, tokens 0-1)", ex, 8, k, MoePath::decode, 23, 2, g, v);
+      check("k3 decode b64 (f16 / fp8, token 0)", ex, 64, k, MoePath::decode, 25, 1, g, v);
     }
   if (!pre) check("k3 decode", ex, 1, k, MoePath::decode, 21, 1, g);
   if (!bulk && !pre && !f16) {

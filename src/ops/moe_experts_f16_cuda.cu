@@ -53,7 +53,7 @@ __device__ __forceinline__ void e4m3x4_f16x2(uint32_t b, uint32_t& lo, uint32_t&
 }
 
 // One thread per (row, group): x = bf16(z) (z fp32, row stride ldz) or h (bf16, natural order) -> the f16
-// image (moe::f16_pos) and the factor f = 2^(E - 147) (E: the group's largest bf16 exponent field, >= 15).
+// image (moe::f16_pos) and the factor f = 2^(E - 135) (E: the group's largest bf16 exponent field, >= 15).
 __global__ void f16_image_kernel(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t n_rows, int K,
                                  __half* img, float* fx) {
   const int G = K / 32;
@@ -69,9 +69,7 @@ __global__ void f16_image_kernel(const float* z, int64_t ldz, const __nv_bfloat1
     E = max(E, (__float_as_uint(x[c]) >> 23) & 0xFFu);
   }
   const float s = __uint_as_float((268u - E) << 23);  // 2^(141 - E) <= 2^126
-  float f = E >= 21 ? __uint_as_float((E - 20u) << 23) : 1.0f;
-  for (uint32_t k = E; k < 21; ++k) f *= 0.5f;  // below fp32's normal range: exact halvings (E - 147 >= -132)
-  if (E < 21) f *= __uint_as_float(1u << 23);   // 2^-126 * 2^(E - 21)
+  const float f = __uint_as_float((E - 8u) << 23);    // 2^6 / s = 2^(E - 135) (the weights carry 2^-6)
   __half v[32];
 #pragma unroll
   for (int c = 0; c < 32; ++c) v[moe::f16_pos(c)] = __float2half_rn(x[c] * s);

@@ -164,9 +164,9 @@ K3_HD float e4m3_value(uint32_t b) {
 }
 // Activations: each row's groups of 32 columns as f16 x s, s = 2^(141 - E) with E the group's largest bf16
 // exponent field (at least 15), so the largest |x s| is in [2^14, 2^15) and every value down to 2^28 below
-// it converts exactly (a bf16 has 8 significant bits, an f16 11); the group's factor f = 2^-6 / s
-// (the weights' 2^-6 too). Each 8-column unit is stored as the f16 pairs (0, 2), (1, 3), (4, 6), (5, 7): the
-// B registers of the unit's two MMAs.
+// it converts exactly (a bf16 has 8 significant bits, an f16 11); the group's factor f = 2^6 / s
+// (undoing the weights' 2^-6 too). Each 8-column unit is stored as the f16 pairs (0, 2), (1, 3), (4, 6), (5,
+// 7): the B registers of the unit's two MMAs.
 K3_HD int f16_pos(int c) {  // column c (0..31) of a group -> its f16 slot
   return (c & ~7) | (c & 4) | ((c & 1) << 1) | ((c >> 1) & 1);
 }
@@ -176,9 +176,10 @@ K3_HD int f16_pos(int c) {  // column c (0..31) of a group -> its f16 slot
 // bf16 values x is scaled by s = 2^(134 - E) (E = its largest bf16 exponent field, at least 8), so
 // |x s| < 2^8, and split exactly as x s = hi + lo / 16: hi = x s cut to 4 significant bits, lo = 16 (x s -
 // hi) (a bf16 has 8, so lo has at most 4 and is exact in e4m3 unless x s < 2^-6, i.e. x is 2^13 below the
-// group's largest: then lo rounds, an error under 2^-21 of that largest). Factors: f_hi = 2^-6 / s (the
-// weights' 2^-6 too), f_lo = f_hi / 16; then sum_c w_c x_c = 2^(e8m0 - 127) (f_hi sum w'_c hi_c + f_lo sum
-// w'_c lo_c). |v| < 448 -> e4m3 byte, round to nearest even (the subnormal steps 2^-9 run on into the normal
+// group's largest: then lo rounds, an error under 2^-21 of that largest). Factors: f_hi = 2^6 / s (undoing
+// the weights' 2^-6 too), f_lo = f_hi / 16; then, with w' the f8 weight bytes (e2m1 x 2^-6),
+//   sum_c w_c x_c = 2^(e8m0 - 127) (f_hi sum_c w'_c hi_c + f_lo sum_c w'_c lo_c).
+// e4m3_rne: |v| < 448 -> e4m3 byte, round to nearest even (the subnormal steps 2^-9 run on into the normal
 // encoding)
 K3_HD uint32_t e4m3_rne(float v) {
   const uint32_t sign = v < 0.0f ? 0x80u : 0u;
@@ -201,15 +202,10 @@ K3_HD void fp8_split(const float* x, uint8_t* hi, uint8_t* lo, float* f) {
     memcpy(&u, &x[c], 4);
     E = ((u >> 23) & 0xFFu) > E ? (u >> 23) & 0xFFu : E;
   }
-  const uint32_t sb = (261u - E) << 23;  // s = 2^(134 - E) <= 2^126
-  float s, fh = 1.0f;
+  const uint32_t sb = (261u - E) << 23, fb = (E - 1u) << 23;  // s = 2^(134 - E) <= 2^126, f_hi = 2^(E - 128)
+  float s, fh;
   memcpy(&s, &sb, 4);
-  if (E > 13) {
-    const uint32_t fb = (E - 13u) << 23;  // 2^(E - 140)
-    memcpy(&fh, &fb, 4);
-  } else {
-    for (uint32_t i = E; i < 140; ++i) fh *= 0.5f;  // exact halvings into fp32's subnormals
-  }
+  memcpy(&fh, &fb, 4);
   for (int c = 0; c < 32; ++c) {
     const float v = x[c] * s;  // exact: a power of two, |v| < 2^8
     float h;
