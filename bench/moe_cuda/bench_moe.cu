@@ -7,8 +7,8 @@
 //     come first, for a profiler), prefill (the prefill kernels' checks and timings only), profile (one
 //     K3 prefill of 4096 tokens on each prefill kernel, nothing else), time (the same, then timed: for the
 //     probe builds of moe_experts_wgmma_cuda.cu), bulk, d0 (the default decode only) or f16 (the
-//     half-precision and fp8 decode paths, variants 21-29: odd-shape and K3 checks, decode timings beside the
-//     default)
+//     half-precision decode path, variants 21-24 and 30, and the former bf16 default, 31: odd-shape and K3
+//     checks, decode timings beside the default)
 // 1. peers: cudaMemcpy D2D of 2 GiB (copy GB/s = read + write bytes / time); cuBLAS bf16 GEMM 8192^3 with
 //    fp32 accumulation (TFLOP/s).
 // 2. correctness: small odd shapes (both paths) and K3 shapes (decode batch 1 and 2 tokens of a 4096-token
@@ -54,8 +54,9 @@ namespace k3 {  // moe_experts_cuda.cu, built with -DK3_MOE_VARIANTS: 0 default,
                 // default tiles, the prefill default before session 12; 0 = the wgmma kernel where
                 // d_in, d_ff are multiples of 128); 21 / 22 the half-precision decode path
                 // (moe_experts_f16_cuda.cu) with tiles of 2 / 4 rows, 23 / 24 = 22 / 21 with 2 chunks in
-                // flight per warp; 25-29 the fp8 warpgroup-MMA decode path (moe_experts_fp8_cuda.cu): tiles
-                // of 1 / 2 / 2 / 4 / 1 rows, 1 / 1 / 3 / 3 / 3 chunks of weights in flight
+                // flight per warp (24 = the default decode since session 22), 30 = 24 with 3 chunks, 31 =
+                // the bf16 decode kernels (the decode default before session 22: variants 5-19 are its
+                // versions and probes)
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 }
 
@@ -289,7 +290,7 @@ int main(int argc, char** argv) {
     ex.make(23, 96, 160, 11);
     Experts ex2;
     ex2.make(9, 32, 32, 12);
-    for (int v : {21, 22, 23, 24, 25, 26, 27, 28, 29}) {
+    for (int v : {21, 22, 23, 24, 30, 31}) {
       check("small", ex, 1, 3, MoePath::decode, 1, 1, g, v);
       check("small", ex, 2, 6, MoePath::decode, 6, 2, g, v);
       check("small", ex, 7, 5, MoePath::decode, 2, 7, g, v);
@@ -342,10 +343,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (f16)
-    for (int v : {21, 22, 23, 24, 25, 26, 27, 28, 29}) {
-      check("k3 decode (f16 / fp8)", ex, 1, k, MoePath::decode, 21, 1, g, v);
-      check("k3 decode b8 (f16 / fp8, tokens 0-1)", ex, 8, k, MoePath::decode, 23, 2, g, v);
-      check("k3 decode b64 (f16 / fp8, token 0)", ex, 64, k, MoePath::decode, 25, 1, g, v);
+    for (int v : {21, 22, 23, 24, 30, 31}) {
+      check("k3 decode (f16)", ex, 1, k, MoePath::decode, 21, 1, g, v);
+      check("k3 decode b8 (f16, tokens 0-1)", ex, 8, k, MoePath::decode, 23, 2, g, v);
+      check("k3 decode b64 (f16, token 0)", ex, 64, k, MoePath::decode, 25, 1, g, v);
     }
   if (!pre) check("k3 decode", ex, 1, k, MoePath::decode, 21, 1, g);
   if (!bulk && !pre && !f16) {
@@ -378,11 +379,12 @@ int main(int argc, char** argv) {
     std::set<int32_t> uniq(r.sel.begin(), r.sel.end());
     const double bytes = double(uniq.size()) * ex.bytes_per_expert();
     const double floor_us = bytes / (copy * 1e9) * 1e6;
-    for (int v : {0, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 21, 22, 23, 24, 25, 26, 27, 28, 29}) {
+    for (int v : {0, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 21, 22, 23, 24, 30, 31}) {
       if (v >= 12 && v <= 16 && nt > 2) continue;  // the table version: n_tok <= 2
       if (bulk && v != 0 && v != 11 && (v < 17 || v > 19)) continue;
       if (d0 && v != 0) continue;
-      if (f16 != (v >= 21) && v != 0) continue;  // f16: the default and the f16 / fp8 variants only
+      if (f16 != (v >= 21) && v != 0)
+        continue;  // f16: the default and the f16 / former-default variants only
       const double ms = median_ms(st, [&] { moe_experts_cuda_variant(run.p, g, v); });
       const bool goal = nt == 1 && v == 0;
       const std::string tag = "decode_b" + std::to_string(nt) + (v ? "_v" + std::to_string(v) : "");

@@ -9,7 +9,7 @@ mkdir -p "$out"
 rm -f "$out/bench_moe"  # so a failed compile is not hidden by the last build's binary
 nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -lineinfo -I"$here/src" -I"$here/include" \
   --expt-relaxed-constexpr -DK3_MOE_VARIANTS -Xptxas -v -o "$out/bench_moe" "$here/bench/moe_cuda/bench_moe.cu" \
-  "$here/src/ops/moe_experts_cuda.cu" "$here/src/ops/moe_experts_f16_cuda.cu" "$here/src/ops/moe_experts_fp8_cuda.cu" "$here/src/ops/moe_experts_wgmma_cuda.cu" "$here/src/ops/moe_experts_ref.cpp" "$here/src/ops/moe_route_cuda.cu" \
+  "$here/src/ops/moe_experts_cuda.cu" "$here/src/ops/moe_experts_f16_cuda.cu" "$here/src/ops/moe_experts_wgmma_cuda.cu" "$here/src/ops/moe_experts_ref.cpp" "$here/src/ops/moe_route_cuda.cu" \
   "$here/src/ops/moe_route_ref.cpp" "$here/src/core/dtype.cpp" "$here/src/core/log.cpp" "$here/src/core/env.cpp" -lcublas 2>&1 |
   grep -E "error|warning|registers|spill" || true
 test -x "$out/bench_moe"
@@ -19,7 +19,7 @@ if [ -n "${MOE_PROBES:-}" ]; then  # probe builds of the wgmma prefill kernel (w
     rm -f "$out/bench_moe_probe$pr"
     nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -I"$here/src" -I"$here/include" \
       --expt-relaxed-constexpr -DK3_MOE_VARIANTS -DMOE_WG_PROBE="$pr" -o "$out/bench_moe_probe$pr" \
-      "$here/bench/moe_cuda/bench_moe.cu" "$here/src/ops/moe_experts_cuda.cu" "$here/src/ops/moe_experts_f16_cuda.cu" "$here/src/ops/moe_experts_fp8_cuda.cu" "$here/src/ops/moe_experts_wgmma_cuda.cu" \
+      "$here/bench/moe_cuda/bench_moe.cu" "$here/src/ops/moe_experts_cuda.cu" "$here/src/ops/moe_experts_f16_cuda.cu" "$here/src/ops/moe_experts_wgmma_cuda.cu" \
       "$here/src/ops/moe_experts_ref.cpp" "$here/src/ops/moe_route_cuda.cu" "$here/src/ops/moe_route_ref.cpp" \
       "$here/src/core/dtype.cpp" "$here/src/core/log.cpp" "$here/src/core/env.cpp" -lcublas 2>&1 | grep -E "error" || true
     test -x "$out/bench_moe_probe$pr"

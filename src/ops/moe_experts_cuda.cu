@@ -48,10 +48,6 @@ struct Scratch {  // carved from p.scratch
   float* fz;      // [n_tok, d_in / 32]
   __half* img_h;  // [n_rows, d_ff]
   float* fh;      // [n_rows, d_ff / 32]
-  uint8_t* q_z;   // the fp8 path's B blocks of z (fp8_image_bytes(n_tok, d_in)) and of h
-  uint8_t* q_h;
-  float2* qf_z;  // [n_tok, d_in / 32]
-  float2* qf_h;  // [n_rows, d_ff / 32]
   size_t bytes;
 };
 
@@ -81,10 +77,6 @@ Scratch carve(const MoeExpertsParams& p, void* base) {
     s.fz = reinterpret_cast<float*>(take(size_t(p.n_tok) * (p.d_in / 32) * 4));
     s.img_h = reinterpret_cast<__half*>(take(size_t(n_rows) * p.d_ff * 2));
     s.fh = reinterpret_cast<float*>(take(size_t(n_rows) * (p.d_ff / 32) * 4));
-    s.q_z = reinterpret_cast<uint8_t*>(take(fp8_image_bytes(p.n_tok, p.d_in)));
-    s.q_h = reinterpret_cast<uint8_t*>(take(fp8_image_bytes(n_rows, p.d_ff)));
-    s.qf_z = reinterpret_cast<float2*>(take(size_t(p.n_tok) * (p.d_in / 32) * 8));
-    s.qf_h = reinterpret_cast<float2*>(take(size_t(n_rows) * (p.d_ff / 32) * 8));
   }
   s.bytes = off;
   return s;
@@ -962,22 +954,6 @@ void run_decode_f16(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows,
   launch_decode_f16(a, s.img_h, s.fh, false, max_tiles, T, depth, g.stream);
 }
 
-// The fp8 warpgroup-MMA decode path (moe_experts_fp8_cuda.cu): tiles of T rows.
-void run_decode_fp8(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g, int T,
-                    int depth) {
-  const unsigned max_tiles = unsigned(decode_tiles(n_rows, p.n_expert, T));
-  fp8_image(p.z, p.ldz ? p.ldz : p.d_in, nullptr, p.n_tok, p.d_in, s.q_z, s.qf_z, g.stream);
-  sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(
-      p.sel, int(n_rows), p.n_expert, T, s.offsets, s.tile_start, s.order, s.tiles, int(max_tiles));
-  K3_CUDA_LAUNCH_CHECK();
-  GemmArgs a{p.experts, s.tiles, s.offsets, s.tile_start, s.order, p.n_expert, p.k,
-             p.d_ff,    p.d_in,  nullptr,   s.h,          p.act,   p.beta1,    p.beta2};
-  launch_decode_fp8(a, s.q_z, s.qf_z, true, max_tiles, T, depth, g.stream);
-  fp8_image(nullptr, 0, s.h, n_rows, p.d_ff, s.q_h, s.qf_h, g.stream);
-  a.n_out = p.d_in, a.K = p.d_ff, a.out = s.o;
-  launch_decode_fp8(a, s.q_h, s.qf_h, false, max_tiles, T, depth, g.stream);
-}
-
 template <bool DUAL, int BT, bool REP>
 void launch_gemm(const GemmArgs& a, int64_t n_rows, GpuContext& g) {
   const int64_t max_tiles = (n_rows + BT - 1) / BT + std::min<int64_t>(a.E, n_rows);
@@ -1035,12 +1011,11 @@ constexpr int kRingMinTok = 2;
 // 4 chunks in flight per warp, sized for 2 blocks per SM; 17 = the bulk-copy version where bulk_ok (a
 // ring of 4 stages, 4 CTAs per SM), else the default; 18 / 19 = the bulk-copy version with 3 stages and 5
 // CTAs / 6 stages and 3 CTAs; 20 = the default decode with the mma prefill kernel; 21 / 22 = the
-// half-precision decode path (moe_experts_f16_cuda.cu) with tiles of 2 / 4 rows, 23 / 24 = 22 / 21 with 2
-// chunks in flight per warp (these run in every build; the default decode takes that path with K3_MOE_F16=1);
-// 25 / 26 / 27 / 28 / 29 = the fp8 warpgroup-MMA decode path (moe_experts_fp8_cuda.cu) with tiles of 1 / 2 /
-// 2 / 4 / 1 rows and 1 / 1 / 3 / 3 / 3 chunks of weights in flight (K3_MOE_FP8=1: the default decode takes it
-// with 2 rows, 3 chunks). Prefill runs on the wgmma kernel only at variant 0 (where moe::wg_ok and path !=
-// prefill_mma).
+// half-precision decode path (moe_experts_f16_cuda.cu) with tiles of 2 / 4 rows and 1 chunk of weights in
+// flight per warp, 23 / 24 = 22 / 21 with 2 chunks (24 is the default decode since session 22), 30 = 24 with
+// 3 chunks; 31 = the bf16 decode kernels above (the default decode before session 22; K3_MOE_F16=0 makes them
+// the default again). 21-24, 30 and 31 run in every build. Prefill runs on the wgmma kernel only at
+// variant 0 (where moe::wg_ok and path != prefill_mma).
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 
 void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g) { moe_experts_cuda_variant(p, g, 0); }
@@ -1054,24 +1029,15 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
   K3_ASSERT(n_rows < (int64_t(1) << 31));
   const bool decode =
       p.path == MoePath::decode || (p.path == MoePath::automatic && p.n_tok <= kMoeDecodeMaxTok);
-  // the half-precision decode path (moe_experts_f16_cuda.cu): variants 21-24, or the default decode with
-  // K3_MOE_F16=1 (read once)
-  static const bool f16_env = env_switch("K3_MOE_F16", false);
+  // the half-precision decode path (moe_experts_f16_cuda.cu): the default decode (tiles of 2 rows, 2 chunks
+  // of weights in flight per warp; session 22, H100: 0.83-0.98x the time of the bf16 kernels at 1-64 tokens)
+  // unless K3_MOE_F16=0 (read once); variants 21-24, 30
+  static const bool f16_env = env_switch("K3_MOE_F16", true);
   const bool f16 = decode && p.n_tok <= kMoeDecodeMaxTok &&
-                   ((variant == 0 && f16_env) || (variant >= 21 && variant <= 24));
-  // the fp8 warpgroup-MMA decode path (moe_experts_fp8_cuda.cu): variants 25-29, or the default decode with
-  // K3_MOE_FP8=1 (read once)
-  static const bool fp8_env = env_switch("K3_MOE_FP8", false);
-  const bool fp8 = decode && p.n_tok <= kMoeDecodeMaxTok &&
-                   ((variant == 0 && fp8_env) || (variant >= 25 && variant <= 29));
-  if (f16 || fp8) {
-    if (fp8) {  // 25: T 1 depth 1, 26: T 2 depth 1, 27: T 2 depth 3, 28: T 4 depth 3, 29: T 1 depth 3
-      const int T = variant == 25 || variant == 29 ? 1 : variant == 28 ? 4 : 2;
-      run_decode_fp8(p, s, n_rows, g, T, variant == 25 || variant == 26 ? 1 : 3);
-    } else {
-      const int T = variant == 21 || variant == 24 ? 2 : 4;
-      run_decode_f16(p, s, n_rows, g, T, variant == 23 || variant == 24 ? 2 : 1);
-    }
+                   ((variant == 0 && f16_env) || (variant >= 21 && variant <= 24) || variant == 30);
+  if (f16) {
+    const int T = variant == 22 || variant == 23 ? 4 : 2;
+    run_decode_f16(p, s, n_rows, g, T, variant == 21 || variant == 22 ? 1 : variant == 30 ? 3 : 2);
     combine_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
         s.o, p.wt, p.n_tok, p.k, p.d_in, p.y, p.ldy ? p.ldy : p.d_in);
     K3_CUDA_LAUNCH_CHECK();

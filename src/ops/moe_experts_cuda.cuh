@@ -94,18 +94,9 @@ void launch_wgmma(const GemmArgs& a, bool dual, int64_t n_rows, cudaStream_t str
 // (moe::f16_pos order, factors 2^-6 / s) from z (fp32, bf16-rounded first) or from h (bf16); img
 // [n_rows, K / 32, 32] f16, fx [n_rows, K / 32]. launch_decode_f16: the gate / up (dual: a.x unused, the
 // image rows are tokens) or down (image rows = sorted rows) kernel over sort_kernel's tiles of T (2 or 4)
-// rows; depth: chunks of weights in flight per warp (1 or 2).
+// rows; depth: chunks of weights in flight per warp (1, 2, or 3 at T = 2).
 void f16_image(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t n_rows, int K, __half* img,
                float* fx, cudaStream_t stream);
-// The fp8 warpgroup-MMA decode path (moe_experts_fp8_cuda.cu): fp8_image makes the rows' zero-padded B blocks
-// (moe::fp8_b_off; fp8_image_bytes(n_rows, K) bytes) and the groups' factors fx [n_rows, K / 32] from z or h
-// as f16_image does; launch_decode_fp8 runs the gate / up or down kernel over tiles of T (1, 2 or 4) rows
-// with depth (1 or 3) chunks of weights in flight.
-size_t fp8_image_bytes(int64_t n_rows, int K);
-void fp8_image(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t n_rows, int K, uint8_t* img,
-               float2* fx, cudaStream_t stream);
-void launch_decode_fp8(const GemmArgs& a, const uint8_t* img, const float2* fx, bool dual, unsigned max_tiles,
-                       int T, int depth, cudaStream_t stream);
 void launch_decode_f16(const GemmArgs& a, const __half* img, const float* fx, bool dual, unsigned max_tiles,
                        int T, int depth, cudaStream_t stream);
 

@@ -281,6 +281,8 @@ void launch_decode_f16(const GemmArgs& a, const __half* img, const float* fx, bo
   if (T == 4)
     depth == 2 ? launch_h<4, 2, 3>(a, img, fx, dual, max_tiles, stream)
                : launch_h<4, 1, 4>(a, img, fx, dual, max_tiles, stream);
+  else if (depth == 3)
+    launch_h<2, 3, 3>(a, img, fx, dual, max_tiles, stream);
   else
     depth == 2 ? launch_h<2, 2, 3>(a, img, fx, dual, max_tiles, stream)
                : launch_h<2, 1, 4>(a, img, fx, dual, max_tiles, stream);

@@ -13,9 +13,7 @@
 //   Rows of one expert are tiles of BT sorted rows; tile_start[e] is the first tile of expert e.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #if defined(__CUDACC__)
 #define K3_HD __host__ __device__ __forceinline__
@@ -169,67 +167,6 @@ K3_HD float e4m3_value(uint32_t b) {
 // 7): the B registers of the unit's two MMAs.
 K3_HD int f16_pos(int c) {  // column c (0..31) of a group -> its f16 slot
   return (c & ~7) | (c & 4) | ((c & 1) << 1) | ((c >> 1) & 1);
-}
-
-// ---- the fp8 warpgroup-MMA decode kernel's rules (experts_decode_fp8_kernel, moe_experts_fp8_cuda.cu) ----
-// The weights' A fragments are f8_even / f8_odd above (e4m3 bytes = e2m1 x 2^-6). Activations: a group of 32
-// bf16 values x is scaled by s = 2^(134 - E) (E = its largest bf16 exponent field, at least 8), so
-// |x s| < 2^8, and split exactly as x s = hi + lo / 16: hi = x s cut to 4 significant bits, lo = 16 (x s -
-// hi) (a bf16 has 8, so lo has at most 4 and is exact in e4m3 unless x s < 2^-6, i.e. x is 2^13 below the
-// group's largest: then lo rounds, an error under 2^-21 of that largest). Factors: f_hi = 2^6 / s (undoing
-// the weights' 2^-6 too), f_lo = f_hi / 16; then, with w' the f8 weight bytes (e2m1 x 2^-6),
-//   sum_c w_c x_c = 2^(e8m0 - 127) (f_hi sum_c w'_c hi_c + f_lo sum_c w'_c lo_c).
-// e4m3_rne: |v| < 448 -> e4m3 byte, round to nearest even (the subnormal steps 2^-9 run on into the normal
-// encoding)
-K3_HD uint32_t e4m3_rne(float v) {
-  const uint32_t sign = v < 0.0f ? 0x80u : 0u;
-  const float a = v < 0.0f ? -v : v;
-  if (a < 1.0f / 64.0f) return sign | uint32_t(rintf(a * 512.0f));
-  if (!(a < 448.0f)) return sign | 0x7Fu;  // NaN, inf or out of range (the split never makes them): NaN
-  int e = 0;
-  float f = a;
-  while (f >= 2.0f) f *= 0.5f, ++e;
-  while (f < 1.0f) f *= 2.0f, --e;
-  uint32_t m = uint32_t(rintf(f * 8.0f));  // 8 .. 16
-  if (m == 16) m = 8, ++e;
-  return sign | (uint32_t(e + 7) << 3) | (m - 8);
-}
-// x[32] (bf16 values) -> hi[32], lo[32] e4m3 bytes (column order) and f = {f_hi, f_lo}
-K3_HD void fp8_split(const float* x, uint8_t* hi, uint8_t* lo, float* f) {
-  uint32_t E = 8;
-  for (int c = 0; c < 32; ++c) {
-    uint32_t u;
-    memcpy(&u, &x[c], 4);
-    E = ((u >> 23) & 0xFFu) > E ? (u >> 23) & 0xFFu : E;
-  }
-  const uint32_t sb = (261u - E) << 23, fb = (E - 1u) << 23;  // s = 2^(134 - E) <= 2^126, f_hi = 2^(E - 128)
-  float s, fh;
-  memcpy(&s, &sb, 4);
-  memcpy(&fh, &fb, 4);
-  for (int c = 0; c < 32; ++c) {
-    const float v = x[c] * s;  // exact: a power of two, |v| < 2^8
-    float h;
-    if (fabsf(v) >= 1.0f / 64.0f) {
-      uint32_t u;
-      memcpy(&u, &v, 4);
-      u &= 0xFFF00000u;
-      memcpy(&h, &u, 4);
-    } else {
-      h = truncf(v * 512.0f) * (1.0f / 512.0f);
-    }
-    hi[c] = uint8_t(e4m3_rne(h));
-    lo[c] = uint8_t(e4m3_rne((v - h) * 16.0f));
-  }
-  f[0] = fh, f[1] = fh * (1.0f / 16.0f);
-}
-// The B operand of one warpgroup MMA (m64nNk32, N = 8 per token) is a 256-byte block per token: two core
-// matrices (k 0..15, then k 16..31) of 8 rows x 16 bytes. Row n = 2 G4 + p is group G4 (0..3) of the chunk,
-// part p (0 hi, 1 lo); MMA k = 4 q + j (core 0) / 16 + 4 q + j (core 1) meets lane q's weight bytes j of
-// f8_even / f8_odd, i.e. columns 8 i + 2 j / 8 i + 2 j + 1 of group q (word i of the lane's 16 bytes). So a
-// row holds its group's 4 bytes at 4 G4 .. 4 G4 + 3 and zeros elsewhere: column n of the MMA sums group n / 2
-// only. Byte of (word i of chunk c, core h, group G4, part p, byte j) in a row's image of all chunks:
-K3_HD int fp8_b_off(int c, int i, int h, int G4, int p, int j) {
-  return ((c * 4 + i) * 2 + h) * 128 + (2 * G4 + p) * 16 + 4 * G4 + j;
 }
 
 }  // namespace k3::moe

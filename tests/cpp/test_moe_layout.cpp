@@ -3,10 +3,7 @@
 // mask definition, and the wgmma prefill kernel's activation order against the pairs its A registers hold.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "ops/moe_experts_layout.h"
@@ -51,62 +48,6 @@ TEST(MoeLayout, F16ImageOrderMeetsTheMmaPairs) {
         EXPECT_EQ(moe::f16_pos(8 * u + 4 * h + 2 * e), 8 * u + 4 * h + e);          // b0: (4h, 4h + 2)
         EXPECT_EQ(moe::f16_pos(8 * u + 4 * h + 2 * e + 1), 8 * u + 4 * h + 2 + e);  // b1: (4h + 1, 4h + 3)
       }
-}
-
-TEST(MoeLayout, Fp8SplitIsExact) {
-  // x s = hi + lo / 16 exactly, i.e. x = (hi f_hi + lo f_lo) 2^-6 (f_hi = 2^6 / s, f_lo = f_hi / 16), for
-  // values within 2^13 of the group's largest; below that the error stays under 2^-21 of the largest
-  uint32_t st = 7;
-  auto rnd = [&] { return st = st * 1664525u + 1013904223u; };
-  int64_t bad = 0;
-  for (int trial = 0; trial < 4000; ++trial) {
-    float x[32], f[2];
-    uint8_t hi[32], lo[32];
-    const int e0 = int(rnd() % 200) + 30, spread = int(rnd() % 24);  // group exponent, dynamic range
-    float mx = 0.f;
-    for (int c = 0; c < 32; ++c) {
-      const uint32_t bits = (rnd() & 0x80000000u) | (uint32_t(e0 - int(rnd() % (spread + 1))) << 23) |
-                            ((rnd() & 0x7Fu) << 16);  // a bf16 value
-      memcpy(&x[c], &bits, 4);
-      mx = std::max(mx, std::fabs(x[c]));
-    }
-    if (trial % 7 == 0) x[trial % 32] = 0.f;
-    moe::fp8_split(x, hi, lo, f);
-    for (int c = 0; c < 32; ++c) {
-      const double back =
-          (double(moe::e4m3_value(hi[c])) * f[0] + double(moe::e4m3_value(lo[c])) * f[1]) / 64.0;
-      const double err = std::fabs(back - x[c]);
-      const bool near = std::fabs(x[c]) >= mx * std::ldexp(1.0, -13);
-      bad += near ? err != 0.0 : err > mx * std::ldexp(1.0, -21);
-    }
-  }
-  EXPECT_EQ(bad, 0);
-}
-
-TEST(MoeLayout, Fp8BlocksHoldOneGroupPerRow) {
-  // the bytes of (word i, core h, group G4, part p, byte j) of a chunk are distinct, in row 2 G4 + p of core
-  // h's 8 x 16 matrix at bytes 4 G4 .. 4 G4 + 3 (the MMA k of lane q = G4)
-  std::vector<int> seen(4 * 256, 0);
-  for (int i = 0; i < 4; ++i)
-    for (int h = 0; h < 2; ++h)
-      for (int G4 = 0; G4 < 4; ++G4)
-        for (int p = 0; p < 2; ++p)
-          for (int j = 0; j < 4; ++j) {
-            const int o = moe::fp8_b_off(1, i, h, G4, p, j) - 1024;  // chunk 1 starts 1024 bytes in
-            ASSERT_GE(o, 0);
-            ASSERT_LT(o, 1024);
-            ++seen[size_t(o)];
-            EXPECT_EQ(o / 256, i);
-            EXPECT_EQ(o % 256 / 128, h);
-            EXPECT_EQ(o % 128 / 16, 2 * G4 + p);
-            EXPECT_EQ(o % 16, 4 * G4 + j);
-          }
-  int n = 0;
-  for (int v : seen) {
-    n += v;
-    EXPECT_LE(v, 1);
-  }
-  EXPECT_EQ(n, 256);
 }
 
 TEST(MoeLayout, PairMultiplyMatchesShifts) {
