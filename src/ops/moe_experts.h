@@ -14,16 +14,18 @@
 //
 // CUDA paths (both graph-capture safe: the routing stays on the device, launch shapes depend only on
 // n_tok, k, n_expert and the dimensions; scratch is the caller's):
-//   decode  (n_tok <= kMoeDecodeMaxTok; moe_experts_f16_cuda.cu): a byte stream. Rows (t, j) sorted by expert
-//           into tiles of 2 (the sort also tabulates each tile's expert and rows); a block of 4 warps owns
+//   decode  (n_tok <= 8, and any n_tok <= kMoeDecodeMaxTok for bench variants; moe_experts_f16_cuda.cu): a
+//           byte stream. Rows (t, j) sorted by expert into tiles of 2 (the sort also tabulates each tile's
+//           expert and rows); a block of 4 warps owns
 //           (tile, 16 neurons: gate and up rows together, or 32 down rows) and its warps split the reduction,
 //           each streaming 16-byte loads of 32 MXFP4 weights (one scale group) per lane, 2 chunks ahead;
 //           nibbles become e4m3 bytes by shifts and masks and byte pairs f16 pairs in one conversion (exact:
 //           e2m1 x 2^-6), MMA m16n8k16 f16 whose 8 columns are (group of 32, token), so each lane's
 //           accumulators are one scale group's sums, scaled by 2^(e - 127) in fp32. Activations (z, then h)
 //           go in as per-group power-of-two-scaled f16 images (exact down to 2^28 below a group's largest).
-//           K3_MOE_F16=0: the bf16 decode kernels of moe_experts_cuda.cu (tiles of 8; nibble pairs to bf16
-//           times the scale, the decode default before session 22).
+//           From 9 to kMoeDecodeMaxTok tokens, and at every size with K3_MOE_F16=0: the bf16 decode kernels
+//           of moe_experts_cuda.cu (tiles of 8 rows, which read an expert with many rows fewer times; nibble
+//           pairs to bf16 times the scale: the decode default before session 22).
 //   prefill: rows (t, j) counting-sorted by expert on the device; a grouped GEMM whose blocks map to
 //           (expert, row tile, neuron tile); SiTU fused after gate/up; the down GEMM writes each row back to
 //           its (t, j) slot; a last pass sums the slots in order. Two kernels:

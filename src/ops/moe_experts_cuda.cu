@@ -1000,6 +1000,7 @@ size_t moe_experts_scratch_bytes(const MoeExpertsParams& p) { return carve(p, nu
 // 164 us), the shared-memory ring of 3 chunks from 2 tokens on (b = 8: 798 vs 879 us; b = 64: 4281 vs 4480
 // us; nothing measured between 1 and 8).
 constexpr int kRingMinTok = 2;
+constexpr int kF16MaxTok = 8;  // the f16 decode path is the default up to here (below)
 
 // variant: 0 = default; bench builds (-DK3_MOE_VARIANTS) add 1 = replicated table, 2 = prefill BT 32,
 // 3 = prefill BT 80, 4 = prefill BT 80 + replicated table, 5 = decode on the tensor-core tile kernel (the
@@ -1029,12 +1030,16 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
   K3_ASSERT(n_rows < (int64_t(1) << 31));
   const bool decode =
       p.path == MoePath::decode || (p.path == MoePath::automatic && p.n_tok <= kMoeDecodeMaxTok);
-  // the half-precision decode path (moe_experts_f16_cuda.cu): the default decode (tiles of 2 rows, 2 chunks
-  // of weights in flight per warp; session 22, H100: 0.83-0.98x the time of the bf16 kernels at 1-64 tokens)
-  // unless K3_MOE_F16=0 (read once); variants 21-24, 30
+  // the half-precision decode path (moe_experts_f16_cuda.cu): the default decode up to kF16MaxTok tokens
+  // (tiles of 2 rows, 2 chunks of weights in flight a warp) unless K3_MOE_F16=0 (read once); variants 21-24,
+  // 30 take it at any decode size. Session 22, H100: 0.90-0.92x the bf16 kernels' time at 1-8 tokens
+  // (bench_moe and the slices' MoE module), 0.98x in bench_moe at 64 but 1.02-1.07x in the slices' B = 64
+  // steps, whose routing gives experts more rows (an expert of r rows is read ceil(r / 2) times, against
+  // ceil(r / 8))
   static const bool f16_env = env_switch("K3_MOE_F16", true);
   const bool f16 = decode && p.n_tok <= kMoeDecodeMaxTok &&
-                   ((variant == 0 && f16_env) || (variant >= 21 && variant <= 24) || variant == 30);
+                   ((variant == 0 && f16_env && p.n_tok <= kF16MaxTok) || (variant >= 21 && variant <= 24) ||
+                    variant == 30);
   if (f16) {
     const int T = variant == 22 || variant == 23 ? 4 : 2;
     run_decode_f16(p, s, n_rows, g, T, variant == 21 || variant == 22 ? 1 : variant == 30 ? 3 : 2);
