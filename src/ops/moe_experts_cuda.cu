@@ -849,21 +849,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, MINB) experts_decode_lut_kerne
     for (int i = 0; i < 4; ++i) accA[i] += part[w][lane][i], accB[i] += part[w][lane][4 + i];
   const float v[4] = {q ? accA[1] : accA[0], q ? accA[3] : accA[2], q ? accB[1] : accB[0],
                       q ? accB[3] : accB[2]};
-  if constexpr (DUAL) {  // v = gate, up of neuron n0 + g, then of n0 + 8 + g; h in natural order
-#pragma unroll
-    for (int o = 0; o < 2; ++o) {
-      const int neuron = n0 + 8 * o + g;
-      if (neuron >= a.n_out) continue;
-      const float gv = round_bf16_dev(v[2 * o]), uv = round_bf16_dev(v[2 * o + 1]);
-      a.out[size_t(r0 + q) * a.n_out + neuron] =
-          __float2bfloat16_rn(act_dev(a.act, gv, uv, a.beta1, a.beta2));
-    }
-  } else {  // v = rows n0 + g, + 8, + 16, + 24
-    const size_t orow = size_t(a.order[r0 + q]) * a.n_out;
-#pragma unroll
-    for (int o = 0; o < 4; ++o)
-      if (n0 + 8 * o + g < a.n_out) a.out[orow + n0 + 8 * o + g] = __float2bfloat16_rn(v[o]);
-  }
+  dec_store_token<DUAL>(a, r0, q, n0, g, v);  // DUAL: v = gate, up of n0 + g, then of n0 + 8 + g
 }
 
 template <int DEPTH, int MINB, bool PDL>

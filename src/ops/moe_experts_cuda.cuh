@@ -84,6 +84,29 @@ __device__ __forceinline__ void pair_scales(uint32_t e, uint32_t& s, uint32_t& t
   t = big ? moe::e8m0_bf16x2(e) : 0x3F803F80u;
 }
 
+// Token q's outputs of a decode block that split its reduction by scale group: DUAL (16 gate + up neurons)
+// v = gate, up of neuron n0 + g, then of n0 + 8 + g -> h at sorted row r0 + q, natural order; else (32 down
+// rows) v = rows n0 + g + 8 o, o = 0..3 -> o at row order[r0 + q].
+template <bool DUAL>
+__device__ __forceinline__ void dec_store_token(const GemmArgs& a, int r0, int q, int n0, int g,
+                                                const float (&v)[4]) {
+  if constexpr (DUAL) {
+#pragma unroll
+    for (int o = 0; o < 2; ++o) {
+      const int neuron = n0 + 8 * o + g;
+      if (neuron >= a.n_out) continue;
+      const float gv = cuda_ops::round_bf16_dev(v[2 * o]), uv = cuda_ops::round_bf16_dev(v[2 * o + 1]);
+      a.out[size_t(r0 + q) * a.n_out + neuron] =
+          __float2bfloat16_rn(act_dev(a.act, gv, uv, a.beta1, a.beta2));
+    }
+  } else {
+    const size_t orow = size_t(a.order[r0 + q]) * a.n_out;
+#pragma unroll
+    for (int o = 0; o < 4; ++o)
+      if (n0 + 8 * o + g < a.n_out) a.out[orow + n0 + 8 * o + g] = __float2bfloat16_rn(v[o]);
+  }
+}
+
 using cuda_ops::smem_opt_in;
 
 // The wgmma prefill GEMM (moe_experts_wgmma_cuda.cu) over the tiles of sort_kernel run with BT = kWgTile:

@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(kHWarps * 32, MINB) experts_decode_f16_kernel(
   }
   __syncthreads();
   if (warp > 0 || q >= n_r) return;  // lane q < n_r of a row writes token q = 2 s + k % 2
-  float v[4] = {0.f, 0.f, 0.f, 0.f};  // operand A rows g, g + 8, operand B rows g, g + 8
+  float v[4] = {0.f, 0.f, 0.f, 0.f};  // dec_store_token's order
 #pragma unroll
   for (int s = 0; s < NS; ++s)
 #pragma unroll
@@ -236,22 +236,9 @@ __global__ void __launch_bounds__(kHWarps * 32, MINB) experts_decode_f16_kernel(
         float x = acc[s][op][k];
 #pragma unroll
         for (int w = 0; w < kHWarps - 1; ++w) x += part[w][lane][(s * 2 + op) * 4 + k];
-        v[2 * op + (k >> 1)] = x;
+        v[DUAL ? 2 * (k >> 1) + op : 2 * op + (k >> 1)] = x;  // DUAL: (gate, up) a neuron; else rows g + 8 o
       }
-  if constexpr (DUAL) {  // v = gate, gate, up, up of neurons n0 + g, n0 + 8 + g; h in natural order
-#pragma unroll
-    for (int o = 0; o < 2; ++o) {
-      const int neuron = n0 + 8 * o + g;
-      if (neuron >= a.n_out) continue;
-      const float gv = round_bf16_dev(v[o]), uv = round_bf16_dev(v[2 + o]);
-      a.out[size_t(r0 + q) * a.n_out + neuron] = __float2bfloat16_rn(act_dev(a.act, gv, uv, a.beta1, a.beta2));
-    }
-  } else {  // v = rows n0 + g, + 8, + 16, + 24
-    const size_t orow = size_t(a.order[r0 + q]) * a.n_out;
-#pragma unroll
-    for (int o = 0; o < 4; ++o)
-      if (n0 + 8 * o + g < a.n_out) a.out[orow + n0 + 8 * o + g] = __float2bfloat16_rn(v[o]);
-  }
+  dec_store_token<DUAL>(a, r0, q, n0, g, v);
 }
 
 template <int T, int DEPTH, int MINB>
