@@ -154,12 +154,6 @@ K3_HD uint32_t f8_even(uint32_t w) {
 K3_HD uint32_t f8_odd(uint32_t w) {
   return ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
 }
-// e4m3 byte -> value (exact; 0x7F / 0xFF are NaN, never made here)
-K3_HD float e4m3_value(uint32_t b) {
-  const int e = int(b >> 3) & 15, m = int(b & 7);
-  const float mag = e ? float(8 + m) * float(1 << e) * (1.0f / 1024.0f) : float(m) * (1.0f / 512.0f);
-  return (b & 0x80u) ? -mag : mag;
-}
 // Activations: each row's groups of 32 columns as f16 x s, s = 2^(141 - E) with E the group's largest bf16
 // exponent field (at least 15), so the largest |x s| is in [2^14, 2^15) and every value down to 2^28 below
 // it converts exactly (a bf16 has 8 significant bits, an f16 11); the group's factor f = 2^6 / s

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/dtype.h"
 #include "ops/moe_experts_layout.h"
 
 namespace k3 {
@@ -14,11 +15,6 @@ namespace {
 uint32_t pair_by_shifts(uint32_t w, int j) {  // the definition: nibbles 3 - j and 7 - j onto the bf16 halves
   w <<= 4 * j;
   return (w & 0x80008000u) | ((w >> 6) & 0x01C001C0u);
-}
-
-float e2m1_value(uint32_t nib) {  // the MXFP4 element: sign, then {0, .5, 1, 1.5, 2, 3, 4, 6}
-  const float mag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
-  return (nib & 8u) ? -mag[nib & 7u] : mag[nib & 7u];
 }
 
 TEST(MoeLayout, F8BytesAreTheNibblesTimes2PowMinus6) {
@@ -30,8 +26,8 @@ TEST(MoeLayout, F8BytesAreTheNibblesTimes2PowMinus6) {
       for (uint32_t rest : {0u, 0xFFFFFFFFu, 0x5A5A5A5Au, 0xA5A5A5A5u}) {
         const uint32_t w = (rest & ~(0xFFu << (8 * j))) | (b << (8 * j));
         const uint32_t ev = (moe::f8_even(w) >> (8 * j)) & 0xFFu, od = (moe::f8_odd(w) >> (8 * j)) & 0xFFu;
-        bad += moe::e4m3_value(ev) != e2m1_value(b & 15u) * (1.0f / 64.0f);
-        bad += moe::e4m3_value(od) != e2m1_value(b >> 4) * (1.0f / 64.0f);
+        bad += f8_e4m3_to_f32(uint8_t(ev)) != e2m1_to_f32(uint8_t(b & 15u)) * (1.0f / 64.0f);
+        bad += f8_e4m3_to_f32(uint8_t(od)) != e2m1_to_f32(uint8_t(b >> 4)) * (1.0f / 64.0f);
       }
   EXPECT_EQ(bad, 0);
 }
