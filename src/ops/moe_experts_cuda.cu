@@ -51,7 +51,7 @@ struct Scratch {  // carved from p.scratch
   size_t bytes;
 };
 
-// the most tiles of BT rows n_rows rows of E experts make (the decode grid's x)
+// the most tiles of BT rows n_rows rows of E experts make (a tiled kernel's grid x)
 int64_t decode_tiles(int64_t n_rows, int E, int BT = moe::kDecodeTile) {
   return (n_rows + BT - 1) / BT + std::min<int64_t>(E, n_rows);
 }
@@ -175,6 +175,13 @@ __global__ void combine_kernel(const __nv_bfloat16* o, const float* wt, int64_t 
   float acc = 0.f;
   for (int j = 0; j < k; ++j) acc += wt[t * k + j] * __bfloat162float(o[(t * k + j) * d + i]);
   y[t * ldy + i] = round_bf16_dev(acc);
+}
+
+// y = bf16(sum_j wt_j o_j) of the call (combine_kernel over every token)
+void combine(const MoeExpertsParams& p, const Scratch& s, GpuContext& g) {
+  combine_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
+      s.o, p.wt, p.n_tok, p.k, p.d_in, p.y, p.ldy ? p.ldy : p.d_in);
+  K3_CUDA_LAUNCH_CHECK();
 }
 
 // One weight operand of a warp: 16 rows x 128 columns of the chunk; lane (g = lane / 4, q = lane % 4) holds
@@ -942,7 +949,7 @@ void run_decode_f16(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows,
 
 template <bool DUAL, int BT, bool REP>
 void launch_gemm(const GemmArgs& a, int64_t n_rows, GpuContext& g) {
-  const int64_t max_tiles = (n_rows + BT - 1) / BT + std::min<int64_t>(a.E, n_rows);
+  const int64_t max_tiles = decode_tiles(n_rows, a.E, BT);
   const int per_block = kWarps * (DUAL ? 16 : 32);
   const dim3 grid(unsigned(max_tiles), unsigned((a.n_out + per_block - 1) / per_block));
   const size_t smem = size_t(2 * BT * kXUnits) * 16 + (REP ? 256 * 32 : 256) * 4;
@@ -999,10 +1006,11 @@ constexpr int kF16MaxTok = 8;  // the f16 decode path is the default up to here 
 // ring of 4 stages, 4 CTAs per SM), else the default; 18 / 19 = the bulk-copy version with 3 stages and 5
 // CTAs / 6 stages and 3 CTAs; 20 = the default decode with the mma prefill kernel; 21 / 22 = the
 // half-precision decode path (moe_experts_f16_cuda.cu) with tiles of 2 / 4 rows and 1 chunk of weights in
-// flight per warp, 23 / 24 = 22 / 21 with 2 chunks (24 is the default decode since session 22), 30 = 24 with
-// 3 chunks; 31 = the bf16 decode kernels above (the default decode before session 22; K3_MOE_F16=0 makes them
-// the default again). 21-24, 30 and 31 run in every build. Prefill runs on the wgmma kernel only at
-// variant 0 (where moe::wg_ok and path != prefill_mma).
+// flight per warp, 23 / 24 = 22 / 21 with 2 chunks (24 is the default decode up to kF16MaxTok tokens since
+// session 22), 30 = 24 with 3 chunks; 31 = the bf16 decode kernels above (the default decode before session
+// 22 and from kF16MaxTok + 1 tokens; K3_MOE_F16=0 makes them the default at every size). 21-24, 30 and 31 run
+// in every build. Prefill runs on the wgmma kernel only at variant 0 (where moe::wg_ok and path !=
+// prefill_mma).
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 
 void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g) { moe_experts_cuda_variant(p, g, 0); }
@@ -1018,10 +1026,10 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
       p.path == MoePath::decode || (p.path == MoePath::automatic && p.n_tok <= kMoeDecodeMaxTok);
   // the half-precision decode path (moe_experts_f16_cuda.cu): the default decode up to kF16MaxTok tokens
   // (tiles of 2 rows, 2 chunks of weights in flight a warp) unless K3_MOE_F16=0 (read once); variants 21-24,
-  // 30 take it at any decode size. Session 22, H100: 0.90-0.92x the bf16 kernels' time at 1-8 tokens
-  // (bench_moe and the slices' MoE module), 0.98x in bench_moe at 64 but 1.02-1.07x in the slices' B = 64
-  // steps, whose routing gives experts more rows (an expert of r rows is read ceil(r / 2) times, against
-  // ceil(r / 8))
+  // 30 take it at any decode size. Session 22, H100: 0.90-0.92x the bf16 kernels' time at 1-8 tokens in
+  // bench_moe, 0.94-0.96x in the slices' MoE module at B = 1 / 8; 0.98x in bench_moe at 64 but 1.02-1.07x in
+  // the slices' MoE module at B = 64, whose routing gives experts more rows (an expert of r rows is read
+  // ceil(r / 2) times, against ceil(r / 8))
   static const bool f16_env = env_switch("K3_MOE_F16", true);
   const bool f16 = decode && p.n_tok <= kMoeDecodeMaxTok &&
                    ((variant == 0 && f16_env && p.n_tok <= kF16MaxTok) || (variant >= 21 && variant <= 24) ||
@@ -1029,9 +1037,7 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
   if (f16) {
     const int T = variant == 22 || variant == 23 ? 4 : 2;
     run_decode_f16(p, s, n_rows, g, T, variant == 21 || variant == 22 ? 1 : variant == 30 ? 3 : 2);
-    combine_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
-        s.o, p.wt, p.n_tok, p.k, p.d_in, p.y, p.ldy ? p.ldy : p.d_in);
-    K3_CUDA_LAUNCH_CHECK();
+    combine(p, s, g);
     return;
   }
 #ifdef K3_MOE_VARIANTS
@@ -1104,9 +1110,7 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
     else
       run_path<moe::kPrefillTile>(p, s, n_rows, g);
   }
-  combine_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
-      s.o, p.wt, p.n_tok, p.k, p.d_in, p.y, p.ldy ? p.ldy : p.d_in);
-  K3_CUDA_LAUNCH_CHECK();
+  combine(p, s, g);
 }
 
 }  // namespace k3

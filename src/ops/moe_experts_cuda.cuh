@@ -114,7 +114,7 @@ using cuda_ops::smem_opt_in;
 void launch_wgmma(const GemmArgs& a, bool dual, int64_t n_rows, cudaStream_t stream);
 
 // The half-precision decode path (moe_experts_f16_cuda.cu). f16_image: the rows' activation images
-// (moe::f16_pos order, factors 2^-6 / s) from z (fp32, bf16-rounded first) or from h (bf16); img
+// (moe::f16_pos order, factors 2^6 / s) from z (fp32, bf16-rounded first) or from h (bf16); img
 // [n_rows, K / 32, 32] f16, fx [n_rows, K / 32]. launch_decode_f16: the gate / up (dual: a.x unused, the
 // image rows are tokens) or down (image rows = sorted rows) kernel over sort_kernel's tiles of T (2 or 4)
 // rows; depth: chunks of weights in flight per warp (1, 2, or 3 at T = 2).

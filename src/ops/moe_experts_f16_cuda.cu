@@ -206,22 +206,15 @@ __global__ void __launch_bounds__(kHWarps * 32, MINB) experts_decode_f16_kernel(
     }
   }
   // the 4 lanes of a row hold its 4 groups' sums: add them (every lane gets the total), then the warps'
+  float(&flat)[NS * 8] = reinterpret_cast<float(&)[NS * 8]>(acc);  // acc[s][op][k] at (s * 2 + op) * 4 + k
 #pragma unroll
-  for (int s = 0; s < NS; ++s)
-#pragma unroll
-    for (int op = 0; op < 2; ++op)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        acc[s][op][k] += __shfl_xor_sync(0xffffffffu, acc[s][op][k], 1);
-        acc[s][op][k] += __shfl_xor_sync(0xffffffffu, acc[s][op][k], 2);
-      }
+  for (int i = 0; i < NS * 8; ++i) {
+    flat[i] += __shfl_xor_sync(0xffffffffu, flat[i], 1);
+    flat[i] += __shfl_xor_sync(0xffffffffu, flat[i], 2);
+  }
   if (warp > 0) {
 #pragma unroll
-    for (int s = 0; s < NS; ++s)
-#pragma unroll
-      for (int op = 0; op < 2; ++op)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) part[warp - 1][lane][(s * 2 + op) * 4 + k] = acc[s][op][k];
+    for (int i = 0; i < NS * 8; ++i) part[warp - 1][lane][i] = flat[i];
   }
   __syncthreads();
   if (warp > 0 || q >= n_r) return;  // lane q < n_r of a row writes token q = 2 s + k % 2
@@ -246,7 +239,7 @@ void launch_h(const GemmArgs& a, const __half* img, const float* fx, bool dual, 
               cudaStream_t stream) {
   auto k = dual ? experts_decode_f16_kernel<true, T, DEPTH, MINB> : experts_decode_f16_kernel<false, T, DEPTH, MINB>;
   const size_t smem = h_smem_bytes<T>(a.K);
-  if (smem > 48 * 1024)  // K > 5120 at T = 4
+  if (smem > 48 * 1024)  // K > 5024 at T = 4
     K3_CUDA_ASSERT(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const int n_neur = dual ? 16 : 32;
   const dim3 grid(max_tiles, unsigned((a.n_out + n_neur - 1) / n_neur));
