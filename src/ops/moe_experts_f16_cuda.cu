@@ -52,15 +52,11 @@ __device__ __forceinline__ void e4m3x4_f16x2(uint32_t b, uint32_t& lo, uint32_t&
       : "r"(b));
 }
 
-// One thread per (row, group): x = bf16(z) (z fp32, row stride ldz) or h (bf16, natural order) -> the f16
-// image (moe::f16_pos) and the factor f = 2^(E - 135) (E: the group's largest bf16 exponent field, >= 15).
-__global__ void f16_image_kernel(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t n_rows, int K,
-                                 __half* img, float* fx) {
-  const int G = K / 32;
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n_rows * G) return;
-  const int64_t r = i / G;
-  const int grp = int(i % G);
+// One group of 32 activations of row r: x = bf16(z) (z fp32, row stride ldz) or h (bf16, natural order, row
+// length K) -> its f16 image (moe::f16_pos order) at dst and the factor f = 2^(E - 135) (E: the group's
+// largest bf16 exponent field, >= 15), returned.
+__device__ __forceinline__ float f16_group(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t r,
+                                           int K, int grp, __half* dst) {
   float x[32];
   uint32_t E = 15;
 #pragma unroll
@@ -69,14 +65,21 @@ __global__ void f16_image_kernel(const float* z, int64_t ldz, const __nv_bfloat1
     E = max(E, (__float_as_uint(x[c]) >> 23) & 0xFFu);
   }
   const float s = __uint_as_float((268u - E) << 23);  // 2^(141 - E) <= 2^126
-  const float f = __uint_as_float((E - 8u) << 23);    // 2^6 / s = 2^(E - 135) (the weights carry 2^-6)
   __half v[32];
 #pragma unroll
   for (int c = 0; c < 32; ++c) v[moe::f16_pos(c)] = __float2half_rn(x[c] * s);
-  uint4* dst = reinterpret_cast<uint4*>(img + i * 32);
 #pragma unroll
-  for (int u = 0; u < 4; ++u) dst[u] = reinterpret_cast<const uint4*>(v)[u];
-  fx[i] = f;
+  for (int u = 0; u < 4; ++u) reinterpret_cast<uint4*>(dst)[u] = reinterpret_cast<const uint4*>(v)[u];
+  return __uint_as_float((E - 8u) << 23);  // 2^6 / s = 2^(E - 135) (the weights carry 2^-6)
+}
+
+// One thread per (row, group): the rows' images [n_rows][G][32] and factors [n_rows][G] (f16_group).
+__global__ void f16_image_kernel(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t n_rows, int K,
+                                 __half* img, float* fx) {
+  const int G = K / 32;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_rows * G) return;
+  fx[i] = f16_group(z, ldz, h, i / G, K, int(i % G), img + i * 32);
 }
 
 struct HLoads {  // one lane's loads of one chunk: group q of its 4 rows (A g, A g + 8, B g, B g + 8)
@@ -93,6 +96,94 @@ __device__ __forceinline__ void h_load(HLoads& d, const uint8_t* const (&w)[4], 
     d.w[k] = on ? __ldg(reinterpret_cast<const uint4*>(w[k] + c * 64)) : make_uint4(0, 0, 0, 0);
     d.ex[k] = on ? __ldg(sc[k] + c * 4) : 127u;
   }
+}
+
+// One chunk c of a lane's loads d into its accumulators acc[set][operand A / B][c0 .. c3: rows g, g + 8 x
+// tokens 2 s, 2 s + 1]. s_bx[s]: group q of chunk 0 of token 2 s + tok in the staged images; s_fx: the
+// factors [T][G] of the same images; n_r: the tile's rows.
+template <int NS>
+__device__ __forceinline__ void h_chunk(float (&acc)[NS][2][4], const HLoads& d, int c, int q, bool feeds,
+                                        int tok, int n_r, int G, const __half* const (&s_bx)[NS],
+                                        const __half* s_zero, const float* s_fx) {
+  const int grp = c * 4 + q;
+  const bool okg = grp < G;
+  const __half* bsrc[NS];  // this lane's B: its group of token 2 s + tok, or the zeros (chunk offset 0)
+#pragma unroll
+  for (int s = 0; s < NS; ++s) bsrc[s] = feeds && okg && 2 * s + tok < n_r ? s_bx[s] + c * 128 : s_zero;
+  float cs[NS][2][4] = {};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint4 bx[NS];
+#pragma unroll
+    for (int s = 0; s < NS; ++s) bx[s] = *reinterpret_cast<const uint4*>(bsrc[s] + i * 8);
+#pragma unroll
+    for (int op = 0; op < 2; ++op) {
+      const uint32_t w0 = (&d.w[2 * op].x)[i], w1 = (&d.w[2 * op + 1].x)[i];
+      const uint32_t e0 = moe::f8_even(w0), e1 = moe::f8_even(w1), o0 = moe::f8_odd(w0), o1 = moe::f8_odd(w1);
+      uint32_t a[2][4];  // [h]: the f16 pairs (4h, 4h + 2) of rows g, g + 8, then (4h + 1, 4h + 3)
+      e4m3x4_f16x2(e0, a[0][0], a[1][0]), e4m3x4_f16x2(e1, a[0][1], a[1][1]);
+      e4m3x4_f16x2(o0, a[0][2], a[1][2]), e4m3x4_f16x2(o1, a[0][3], a[1][3]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int s = 0; s < NS; ++s) {
+          if (s > 0 && 2 * s >= n_r) break;  // warp-uniform (set 0 always runs: n_r >= 1)
+          mma_f16(cs[s][op], a[h][0], a[h][1], a[h][2], a[h][3], h ? bx[s].z : bx[s].x,
+                  h ? bx[s].w : bx[s].y);
+        }
+    }
+  }
+  float ws[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) ws[k] = __uint_as_float(moe::e8m0_f32_bits(d.ex[k]));
+#pragma unroll
+  for (int s = 0; s < NS; ++s) {
+    if (s > 0 && 2 * s >= n_r) break;
+    const float f0 = okg && 2 * s < n_r ? s_fx[(2 * s) * G + grp] : 0.f;
+    const float f1 = okg && 2 * s + 1 < n_r ? s_fx[(2 * s + 1) * G + grp] : 0.f;
+#pragma unroll
+    for (int op = 0; op < 2; ++op)
+#pragma unroll
+      for (int k = 0; k < 4; ++k)  // k: row g + (k / 2) * 8, token 2 s + k % 2
+        acc[s][op][k] = fmaf(cs[s][op][k], (k & 1 ? f1 : f0) * ws[2 * op + (k >> 1)], acc[s][op][k]);
+  }
+}
+
+// The block's sums: the 4 lanes of a row hold its 4 groups' sums (added here, every lane gets the total);
+// warps 1.. write theirs to part, which warp 0 adds after the caller's barrier (h_store).
+template <int NS>
+__device__ __forceinline__ void h_reduce(float (&acc)[NS][2][4], int warp, int lane,
+                                         float (*part)[32][NS * 8]) {
+  float(&flat)[NS * 8] = reinterpret_cast<float(&)[NS * 8]>(acc);  // acc[s][op][k] at (s * 2 + op) * 4 + k
+#pragma unroll
+  for (int i = 0; i < NS * 8; ++i) {
+    flat[i] += __shfl_xor_sync(0xffffffffu, flat[i], 1);
+    flat[i] += __shfl_xor_sync(0xffffffffu, flat[i], 2);
+  }
+  if (warp > 0) {
+#pragma unroll
+    for (int i = 0; i < NS * 8; ++i) part[warp - 1][lane][i] = flat[i];
+  }
+}
+
+// warp 0, lane (g, q < n_r): token q's totals of the block's rows -> out (dec_store_token)
+template <bool DUAL, int NS>
+__device__ __forceinline__ void h_store(const GemmArgs& a, const float (&acc)[NS][2][4], int lane, int g,
+                                        int q, int r0, int n0, const float (*part)[32][NS * 8]) {
+  float v[4] = {0.f, 0.f, 0.f, 0.f};  // dec_store_token's order
+#pragma unroll
+  for (int s = 0; s < NS; ++s)
+#pragma unroll
+    for (int op = 0; op < 2; ++op)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        if (2 * s + (k & 1) != q) continue;
+        float x = acc[s][op][k];
+#pragma unroll
+        for (int w = 0; w < kHWarps - 1; ++w) x += part[w][lane][(s * 2 + op) * 4 + k];
+        v[DUAL ? 2 * (k >> 1) + op : 2 * op + (k >> 1)] = x;  // DUAL: (gate, up) a neuron; else rows g + 8 o
+      }
+  dec_store_token<DUAL>(a, r0, q, n0, g, v);
 }
 
 // shared memory: the tile's images [T][G][32] f16, 32 zeros, factors [T][G], the warps' partial sums
@@ -161,77 +252,153 @@ __global__ void __launch_bounds__(kHWarps * 32, MINB) experts_decode_f16_kernel(
     for (int j = 0; j <= DEPTH; ++j) {
       load(c + j + DEPTH, buf[(j + DEPTH) % (DEPTH + 1)]);  // past c_end: predicated off
       if (c + j >= c_end) break;                            // warp-uniform
-      const HLoads& d = buf[j];
-      const int grp = (c + j) * 4 + q;
-      const bool okg = grp < G;
-      const __half* bsrc[NS];  // this lane's B: its group of token 2 s + tok, or the zeros (chunk offset 0)
+      h_chunk<NS>(acc, buf[j], c + j, q, feeds, tok, n_r, G, s_bx, s_zero, s_fx);
+    }
+  }
+  h_reduce<NS>(acc, warp, lane, part);
+  __syncthreads();
+  if (warp == 0 && q < n_r) h_store<DUAL, NS>(a, acc, lane, g, q, r0, n0, part);
+}
+
+// Persistent version (bench variants 25-29 and K3_MOE_PERSIST=1 until it has run): gridDim.x resident blocks
+// walk the items (valid tile t, neuron group y), item i = t * groups + y, block b taking the contiguous range
+// [n b / grid, n (b + 1) / grid) of the n = valid tiles x groups items, so consecutive items of a block
+// mostly share a tile (its images staged once). Each warp's ring of weight loads runs on across items: the
+// loads of item j + 1's first chunks are in flight while item j's last chunks are multiplied and its sums
+// stored, and item j + 1's tile entry (loaded at item j - 1) and expert pointers (loaded at item j) are in
+// registers before they are needed, so no item waits on a tile lookup, a pointer load or a first weight load
+// (each block of experts_decode_f16_kernel does, ~8 rounds of blocks per SM a call at n_tok = 1). Images
+// double-buffered (the next tile's staged during the current item), partial sums double-buffered by item
+// parity, one block barrier per item. Needs chunks per warp > DEPTH (f16_persist_ok). SELF: the block makes
+// its tiles' images itself (f16_group from z or h, as f16_image would) instead of copying them from img / fx,
+// so the call needs no image launches.
+template <bool DUAL, int T, int DEPTH, int MINB, bool SELF>
+__global__ void __launch_bounds__(kHWarps * 32, MINB)
+    experts_decode_f16_persist_kernel(GemmArgs a, const __half* img, const float* fx, const float* z,
+                                      int64_t ldz, const __nv_bfloat16* h, int groups) {
+  static_assert(T == 2 || T == 4, "an MMA's columns are (4 groups x 2 tokens)");
+  constexpr int NS = T / 2, kNeur = DUAL ? 16 : 32;
+  extern __shared__ uint4 h_smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+  const int K = a.K, G = K / 32;
+  const int n_items = __ldg(a.tile_start + a.E) * groups;  // the valid tiles come first (sort_kernel)
+  const int i0 = int(int64_t(n_items) * blockIdx.x / gridDim.x);
+  const int n_it = int(int64_t(n_items) * (blockIdx.x + 1) / gridDim.x) - i0;  // this block's items
+  if (n_it <= 0) return;
+  __half* s_img = reinterpret_cast<__half*>(h_smem);    // [2][T][G][32]
+  __half* s_zero = s_img + size_t(2) * T * G * 32;      // [32] zeros: B of the other lanes
+  float* s_fx = reinterpret_cast<float*>(s_zero + 32);  // [2][T][G]
+  float(*part)[kHWarps - 1][32][4 * T] = reinterpret_cast<float(*)[kHWarps - 1][32][4 * T]>(s_fx + 2 * T * G);
+  const int n_chunk = (K + moe::kChunk - 1) / moe::kChunk, per = (n_chunk + kHWarps - 1) / kHWarps;
+  const int c0 = warp * per;  // this warp's chunks of every item: c0 .. c0 + per - 1 (< n_chunk)
+  auto tile_at = [&](int j) {
+    return j < n_it ? __ldg(a.tiles + (i0 + j) / groups) : make_int4(-1, 0, 0, 0);
+  };
+  struct Ops {  // the lane's operand matrices of an expert: A, B weights and scales
+    const uint8_t *wa, *wb, *sa, *sb;
+  };
+  auto ops_of = [&](int e) {
+    Ops o{nullptr, nullptr, nullptr, nullptr};
+    if (e >= 0) {
+      const MoeExpertPtrs* ep = a.experts + e;
+      o.wa = DUAL ? ep->w1 : ep->w2, o.wb = DUAL ? ep->w3 : ep->w2;
+      o.sa = DUAL ? ep->s1 : ep->s2, o.sb = DUAL ? ep->s3 : ep->s2;
+    }
+    return o;
+  };
+  // the load side: item ld_j's row bases (chunk 0 of the lane's group q), chunk ld_i next
+  const uint8_t* wr[4];
+  const uint8_t* sr[4];
+  bool okr[4];
+  auto set_rows = [&](const Ops& o, int j) {
+    const int n0 = (i0 + j) % groups * kNeur;
+    const int row[4] = {n0 + g, n0 + 8 + g, DUAL ? n0 + g : n0 + 16 + g, DUAL ? n0 + 8 + g : n0 + 24 + g};
 #pragma unroll
-      for (int s = 0; s < NS; ++s) bsrc[s] = feeds && okg && 2 * s + tok < n_r ? s_bx[s] + (c + j) * 128 : s_zero;
-      float cs[NS][2][4] = {};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        uint4 bx[NS];
-#pragma unroll
-        for (int s = 0; s < NS; ++s) bx[s] = *reinterpret_cast<const uint4*>(bsrc[s] + i * 8);
-#pragma unroll
-        for (int op = 0; op < 2; ++op) {
-          const uint32_t w0 = (&d.w[2 * op].x)[i], w1 = (&d.w[2 * op + 1].x)[i];
-          const uint32_t e0 = moe::f8_even(w0), e1 = moe::f8_even(w1), o0 = moe::f8_odd(w0), o1 = moe::f8_odd(w1);
-          uint32_t a[2][4];  // [h]: the f16 pairs (4h, 4h + 2) of rows g, g + 8, then (4h + 1, 4h + 3)
-          e4m3x4_f16x2(e0, a[0][0], a[1][0]), e4m3x4_f16x2(e1, a[0][1], a[1][1]);
-          e4m3x4_f16x2(o0, a[0][2], a[1][2]), e4m3x4_f16x2(o1, a[0][3], a[1][3]);
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int s = 0; s < NS; ++s) {
-              if (s > 0 && 2 * s >= n_r) break;  // warp-uniform (set 0 always runs: n_r >= 1)
-              mma_f16(cs[s][op], a[h][0], a[h][1], a[h][2], a[h][3], h ? bx[s].z : bx[s].x, h ? bx[s].w : bx[s].y);
-            }
-        }
+    for (int k = 0; k < 4; ++k) {
+      okr[k] = row[k] < a.n_out;
+      wr[k] = (k < 2 ? o.wa : o.wb) + (okr[k] ? size_t(row[k]) * (K / 2) + q * 16 : 0);
+      sr[k] = (k < 2 ? o.sa : o.sb) + (okr[k] ? size_t(row[k]) * (K / 32) + q : 0);
+    }
+  };
+  // images of tile ti into buffer b (all threads; cp.async committed, waited at an item's end)
+  auto stage = [&](const int4& ti, int b) {
+    if constexpr (SELF) {
+      for (int e = tid; e < ti.z * G; e += kHWarps * 32) {
+        const int t = e / G, grp = e - t * G;
+        const int64_t r = DUAL ? a.order[ti.y + t] / a.k : ti.y + t;  // token (z row) or sorted row (h row)
+        s_fx[(b * T + t) * G + grp] =
+            f16_group(z, ldz, h, r, K, grp, s_img + ((size_t(b) * T + t) * G + grp) * 32);
       }
-      float ws[4];
+    } else {
+      for (int t = 0; t < ti.z; ++t) {
+        const int64_t ir =
+            DUAL ? a.order[ti.y + t] / a.k : ti.y + t;  // image row: token (gate / up), sorted row
+        for (int u = tid; u < G * 4; u += kHWarps * 32)
+          cp_async16(s_img + ((size_t(b) * T + t) * G * 4 + u) * 8, img + (ir * G * 4 + u) * 8, true);
+        for (int i = tid; i < G; i += kHWarps * 32) s_fx[(b * T + t) * G + i] = fx[ir * G + i];
+      }
+      cp_async_commit();
+    }
+  };
+  int4 t_cur, t_next = tile_at(0), t_after = tile_at(1);  // tiles of items j, j + 1, j + 2
+  Ops o_next = ops_of(t_next.x);                          // item j + 1's expert (at the loop: item 0's)
+  set_rows(o_next, 0);
+  int ld_j = 0, ld_i = 0;
+  HLoads buf[DEPTH + 1];
+  auto load = [&](HLoads& d) {
+    if (ld_i == per) {
+      ld_i = 0;
+      if (++ld_j < n_it) set_rows(o_next, ld_j);  // ld_j = j + 1 here: o_next is its expert's
+    }
+    const int c = c0 + ld_i++;
+    h_load(d, wr, sr, okr, c, ld_j < n_it && c < n_chunk && c * moe::kChunk + q * 32 < K);
+  };
 #pragma unroll
-      for (int k = 0; k < 4; ++k) ws[k] = __uint_as_float(moe::e8m0_f32_bits(d.ex[k]));
+  for (int i = 0; i < DEPTH; ++i) load(buf[i]);  // in flight while the first images are staged
+  stage(t_next, 0);
+  if (tid < 4) reinterpret_cast<uint4*>(s_zero)[tid] = make_uint4(0, 0, 0, 0);
+  cp_async_wait_all();
+  __syncthreads();
+  const int tok = g & 1;  // this lane's B column g is (group g / 2, token tok of each set)
+  const bool feeds = (g >> 1) == q;
+  int ib = 0, j = 0, ci = 0;  // image buffer of item j; item j, its chunk ci
+  const __half* s_bx[NS];
+  const float* fxb = s_fx;
+  float acc[NS][2][4] = {};
+  const int n_f = n_it * per;
+  for (int f0 = 0; f0 < n_f; f0 += DEPTH + 1) {
 #pragma unroll
-      for (int s = 0; s < NS; ++s) {
-        if (s > 0 && 2 * s >= n_r) break;
-        const float f0 = okg && 2 * s < n_r ? s_fx[(2 * s) * G + grp] : 0.f;
-        const float f1 = okg && 2 * s + 1 < n_r ? s_fx[(2 * s + 1) * G + grp] : 0.f;
+    for (int jj = 0; jj <= DEPTH; ++jj) {
+      if (f0 + jj >= n_f) break;  // block-uniform
+      if (ci == 0) {              // item j starts: rotate the tiles, fetch item j + 1's expert and images
+        t_cur = t_next, t_next = t_after, t_after = tile_at(j + 2);
+        if (j + 1 < n_it) {
+          o_next = ops_of(t_next.x);
+          if ((i0 + j + 1) / groups != (i0 + j) / groups) stage(t_next, ib ^ 1);
+        }
 #pragma unroll
-        for (int op = 0; op < 2; ++op)
+        for (int s = 0; s < NS; ++s) s_bx[s] = s_img + ((size_t(ib) * T + 2 * s + tok) * G + q) * 32;
+        fxb = s_fx + ib * T * G;
+      }
+      load(buf[(jj + DEPTH) % (DEPTH + 1)]);  // past the block's items: predicated off
+      h_chunk<NS>(acc, buf[jj], c0 + ci, q, feeds, tok, t_cur.z, G, s_bx, s_zero, fxb);
+      if (++ci == per) {  // item j ends: its sums to out, the next images waited for
+        h_reduce<NS>(acc, warp, lane, part[j & 1]);
+        cp_async_wait_all();
+        __syncthreads();
+        if (warp == 0 && q < t_cur.z)
+          h_store<DUAL, NS>(a, acc, lane, g, q, t_cur.y, (i0 + j) % groups * kNeur, part[j & 1]);
 #pragma unroll
-          for (int k = 0; k < 4; ++k)  // k: row g + (k / 2) * 8, token 2 s + k % 2
-            acc[s][op][k] = fmaf(cs[s][op][k], (k & 1 ? f1 : f0) * ws[2 * op + (k >> 1)], acc[s][op][k]);
+        for (int s = 0; s < NS; ++s)
+#pragma unroll
+          for (int op = 0; op < 2; ++op)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) acc[s][op][k] = 0.f;
+        if (j + 1 < n_it && (i0 + j + 1) / groups != (i0 + j) / groups) ib ^= 1;
+        ci = 0, ++j;
       }
     }
   }
-  // the 4 lanes of a row hold its 4 groups' sums: add them (every lane gets the total), then the warps'
-  float(&flat)[NS * 8] = reinterpret_cast<float(&)[NS * 8]>(acc);  // acc[s][op][k] at (s * 2 + op) * 4 + k
-#pragma unroll
-  for (int i = 0; i < NS * 8; ++i) {
-    flat[i] += __shfl_xor_sync(0xffffffffu, flat[i], 1);
-    flat[i] += __shfl_xor_sync(0xffffffffu, flat[i], 2);
-  }
-  if (warp > 0) {
-#pragma unroll
-    for (int i = 0; i < NS * 8; ++i) part[warp - 1][lane][i] = flat[i];
-  }
-  __syncthreads();
-  if (warp > 0 || q >= n_r) return;  // lane q < n_r of a row writes token q = 2 s + k % 2
-  float v[4] = {0.f, 0.f, 0.f, 0.f};  // dec_store_token's order
-#pragma unroll
-  for (int s = 0; s < NS; ++s)
-#pragma unroll
-    for (int op = 0; op < 2; ++op)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        if (2 * s + (k & 1) != q) continue;
-        float x = acc[s][op][k];
-#pragma unroll
-        for (int w = 0; w < kHWarps - 1; ++w) x += part[w][lane][(s * 2 + op) * 4 + k];
-        v[DUAL ? 2 * (k >> 1) + op : 2 * op + (k >> 1)] = x;  // DUAL: (gate, up) a neuron; else rows g + 8 o
-      }
-  dec_store_token<DUAL>(a, r0, q, n0, g, v);
 }
 
 template <int T, int DEPTH, int MINB>
@@ -247,13 +414,58 @@ void launch_h(const GemmArgs& a, const __half* img, const float* fx, bool dual, 
   K3_CUDA_LAUNCH_CHECK();
 }
 
+// the persistent kernel's shared memory: two image buffers, the zeros, two factor buffers, two partial-sum
+// sets
+template <int T>
+size_t p_smem_bytes(int K) {
+  const int G = K / 32;
+  return size_t(2) * T * G * 64 + 64 + size_t(2) * T * G * 4 + size_t(2) * (kHWarps - 1) * 32 * 4 * T * 4;
+}
+
+template <int T, int DEPTH, int MINB, bool SELF>
+void launch_p(const GemmArgs& a, const F16Src& src, bool dual, unsigned max_tiles, cudaStream_t stream) {
+  auto k = dual ? experts_decode_f16_persist_kernel<true, T, DEPTH, MINB, SELF>
+                : experts_decode_f16_persist_kernel<false, T, DEPTH, MINB, SELF>;
+  const size_t smem = p_smem_bytes<T>(a.K);
+  if (smem > 48 * 1024)
+    K3_CUDA_ASSERT(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  int per_sm = 0;  // resident blocks per SM at this size
+  K3_CUDA_ASSERT(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kHWarps * 32, smem));
+  const int n_neur = dual ? 16 : 32, groups = (a.n_out + n_neur - 1) / n_neur;
+  const int64_t slots = int64_t(std::max(per_sm, 1)) * device_sm_count();
+  const unsigned grid = unsigned(std::min<int64_t>(slots, int64_t(max_tiles) * groups));
+  k<<<grid, kHWarps * 32, smem, stream>>>(a, src.img, src.fx, src.z, src.ldz, src.h, groups);
+  K3_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
+
+bool f16_persist_ok(int K, int depth) {
+  const int n_chunk = (K + moe::kChunk - 1) / moe::kChunk;
+  return (n_chunk + kHWarps - 1) / kHWarps > depth;
+}
 
 void f16_image(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t n_rows, int K, __half* img, float* fx,
                cudaStream_t stream) {
   const int64_t n = n_rows * (K / 32);
   f16_image_kernel<<<unsigned((n + 127) / 128), 128, 0, stream>>>(z, ldz, h, n_rows, K, img, fx);
   K3_CUDA_LAUNCH_CHECK();
+}
+
+void launch_decode_f16_persist(const GemmArgs& a, const F16Src& src, bool dual, unsigned max_tiles, int T,
+                               int depth, cudaStream_t stream) {
+  K3_ASSERT(f16_persist_ok(a.K, depth) && (T == 2 || (T == 4 && depth == 2)));
+  const bool self = src.img == nullptr;
+  if (T == 4)
+    self ? launch_p<4, 2, 3, true>(a, src, dual, max_tiles, stream)
+         : launch_p<4, 2, 3, false>(a, src, dual, max_tiles, stream);
+  else if (depth == 3)
+    launch_p<2, 3, 3, true>(a, src, dual, max_tiles, stream);
+  else if (depth == 1)
+    launch_p<2, 1, 4, true>(a, src, dual, max_tiles, stream);
+  else
+    self ? launch_p<2, 2, 3, true>(a, src, dual, max_tiles, stream)
+         : launch_p<2, 2, 3, false>(a, src, dual, max_tiles, stream);
 }
 
 void launch_decode_f16(const GemmArgs& a, const __half* img, const float* fx, bool dual, unsigned max_tiles, int T,
