@@ -26,6 +26,17 @@ if [ -n "${MOE_PROBES:-}" ]; then  # probe builds of the wgmma prefill kernel (w
     echo "built $out/bench_moe_probe$pr"
   done
 fi
+if [ -n "${MOE_CONTIG:-}" ]; then  # probe: the f16 decode reading each chunk's rows contiguously (wrong results;
+  rm -f "$out/bench_moe_contig"    # bench_moe_contig OUT COMMIT d0: the default decode's timings)
+  nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -I"$here/src" -I"$here/include" \
+    --expt-relaxed-constexpr -DK3_MOE_VARIANTS -DK3_MOE_F16_CONTIG=1 -o "$out/bench_moe_contig" \
+    "$here/bench/moe_cuda/bench_moe.cu" "$here/src/ops/moe_experts_cuda.cu" "$here/src/ops/moe_experts_f16_cuda.cu" \
+    "$here/src/ops/moe_experts_wgmma_cuda.cu" "$here/src/ops/moe_experts_ref.cpp" "$here/src/ops/moe_route_cuda.cu" \
+    "$here/src/ops/moe_route_ref.cpp" "$here/src/core/dtype.cpp" "$here/src/core/log.cpp" "$here/src/core/env.cpp" \
+    -lcublas 2>&1 | grep -E "error" || true
+  test -x "$out/bench_moe_contig"
+  echo "built $out/bench_moe_contig"
+fi
 # host emulation of the decode kernel's table version (no GPU): $out/lut_emu
 g++ -std=c++20 -O2 -I"$here/src" -o "$out/lut_emu" "$here/bench/moe_cuda/lut_emu.cpp"
 echo "built $out/lut_emu"

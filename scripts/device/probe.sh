@@ -9,6 +9,8 @@
 #      timings) with the default build and each bench_kdapre_<name> (e.g. -DKDA_PRE_INTRA_V=1, the old pre-pass);
 #   5. kdavar: bench_kda decode of every variant binary packed (bench_kda_<name>, built with KDA_FLAGS, e.g.
 #      the timing probes -DKDA_DECODE_PROBE=1/2/3 that leave out the state's store / load, or -DKDA_DECODE_NT=512).
+#   7. moecontig: bench_moe and bench_moe_contig (MOE_CONTIG=1 moe_cuda/build.sh: the f16 decode reading each
+#      chunk's rows as one contiguous block, wrong results) d0 timings, twice, alternating; ncu_contig: ncu of both.
 # PROBE="moe ncu_moe ncu_kda kda" picks steps (default: the first three). Writes $OUT/probe/run.log, moe_cuda.jsonl.
 #   here:   bash scripts/device/probe.sh --pack BUILD_BENCH_DIR   (bench_moe, bench_kda -> .carry/dev/probe)
 #   device: bash scripts/device/probe.sh
@@ -19,7 +21,7 @@ B=$here/.carry/dev/probe
 if [ "${1:-}" = "--pack" ]; then  # runs HERE
   build=${2:?bench build dir}
   rm -rf "$B" && mkdir -p "$B"
-  names=$(cd "$build" && ls bench_moe bench_kda bench_kda_* bench_kdapre_* 2>/dev/null)
+  names=$(cd "$build" && ls bench_moe bench_moe_contig bench_kda bench_kda_* bench_kdapre_* 2>/dev/null)
   for f in $names; do cp "$build/$f" "$B/" && strip -s "$B/$f"; done
   (cd "$B" && tar cJf bin.tar.xz $names && rm -f $names)
   git rev-parse --short HEAD >"$B/COMMIT"
@@ -48,6 +50,21 @@ commit=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
     echo "== ncu bench_moe decode: the K3 decode check's two expert kernels ($(el))"
     timeout 90 ncu --clock-control none -k regex:experts_decode -c 2 $sections "$B/bench_moe" /dev/null x decode 2>&1 |
       grep -v -E '^==PROF==|^check|^  decode' | cut -c1-170
+  fi
+  if on moecontig && [ -x "$B/bench_moe_contig" ]; then  # MOE_CONTIG=1 moe_cuda/build.sh: the layout probe
+    for i in 1 2; do
+      for v in bench_moe bench_moe_contig; do
+        echo "== $v d0, round $i ($(el))"
+        timeout 60 "$B/$v" "$out/moe_cuda_$v.jsonl" "$commit" d0 2>&1 | grep -E "decode_b|copy" | cut -c1-120
+      done
+    done
+  fi
+  if on ncu_contig && command -v ncu >/dev/null; then  # the two f16 decode kernels of the b1 check, both builds
+    for v in bench_moe bench_moe_contig; do
+      echo "== ncu $v d0: the K3 b1 check's two f16 decode kernels ($(el))"
+      timeout 90 ncu --clock-control none -k regex:experts_decode_f16 -c 2 $sections "$B/$v" /dev/null x d0 2>&1 |
+        grep -v -E '^==PROF==|^check|^  decode' | cut -c1-170
+    done
   fi
   if on ncu_kda && command -v ncu >/dev/null; then
     echo "== ncu bench_kda decode: b = 1 timing launch, b = 64 TMA launch ($(el))"

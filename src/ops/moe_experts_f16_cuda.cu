@@ -88,12 +88,13 @@ struct HLoads {  // one lane's loads of one chunk: group q of its 4 rows (A g, A
 };
 
 // chunk c of a lane's 4 rows: w / sc point at the lane's group of chunk 0 (row base + q * 16 bytes / + q)
+// (cstride: bytes from one chunk of a row to the next; 64 in the checkpoint's row-major layout)
 __device__ __forceinline__ void h_load(HLoads& d, const uint8_t* const (&w)[4], const uint8_t* const (&sc)[4],
-                                       const bool (&okr)[4], int c, bool ok) {
+                                       const bool (&okr)[4], int c, bool ok, int cstride = 64) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const bool on = ok && okr[k];
-    d.w[k] = on ? __ldg(reinterpret_cast<const uint4*>(w[k] + c * 64)) : make_uint4(0, 0, 0, 0);
+    d.w[k] = on ? __ldg(reinterpret_cast<const uint4*>(w[k] + c * cstride)) : make_uint4(0, 0, 0, 0);
     d.ex[k] = on ? __ldg(sc[k] + c * 4) : 127u;
   }
 }
@@ -227,8 +228,21 @@ __global__ void __launch_bounds__(kHWarps * 32, MINB) experts_decode_f16_kernel(
     wr[k] = wp[k] + (okr[k] ? size_t(row[k]) * (K / 2) + q * 16 : 0);
     sr[k] = sp[k] + (okr[k] ? size_t(row[k]) * (K / 32) + q : 0);
   }
+#if K3_MOE_F16_CONTIG
+  // Probe build (wrong results, timings only): the bytes of the block's rows read as if each chunk's rows lay
+  // contiguously (chunk c of the kNeur-row group at c x rows x 64, the rows in order): the access pattern of
+  // a layout re-made at load time, over the same bytes.
+  constexpr int kRows = DUAL ? 16 : 32, cstride = kRows * 64;
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    wr[k] = wp[k] + (okr[k] ? size_t(n0) * (K / 2) + (row[k] - n0) * 64 + q * 16 : 0);
+#else
+  constexpr int cstride = 64;
+#endif
   HLoads buf[DEPTH + 1];
-  auto load = [&](int c, HLoads& d) { h_load(d, wr, sr, okr, c, c < c_end && c * moe::kChunk + q * 32 < K); };
+  auto load = [&](int c, HLoads& d) {
+    h_load(d, wr, sr, okr, c, c < c_end && c * moe::kChunk + q * 32 < K, cstride);
+  };
 #pragma unroll
   for (int i = 0; i < DEPTH; ++i) load(c_begin + i, buf[i]);  // in flight while the images are staged
   for (int t = 0; t < n_r; ++t) {
