@@ -931,34 +931,20 @@ void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, Gpu
 }
 
 // The half-precision decode path (moe_experts_f16_cuda.cu): tiles of T rows; the z image in zb's bytes.
-// persist: 0 = the tiled kernels; 1 / 2 = the persistent kernels (where f16_persist_ok) with the images made
-// by f16_image launches / by the blocks themselves.
 void run_decode_f16(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g, int T,
-                    int depth, int persist) {
+                    int depth) {
   const unsigned max_tiles = unsigned(decode_tiles(n_rows, p.n_expert, T));
-  const bool p_up = persist && f16_persist_ok(p.d_in, depth),
-             p_down = persist && f16_persist_ok(p.d_ff, depth);
-  const bool self = persist == 2;
-  const int64_t ldz = p.ldz ? p.ldz : p.d_in;
   __half* img_z = reinterpret_cast<__half*>(s.zb);
-  if (!(p_up && self)) f16_image(p.z, ldz, nullptr, p.n_tok, p.d_in, img_z, s.fz, g.stream);
+  f16_image(p.z, p.ldz ? p.ldz : p.d_in, nullptr, p.n_tok, p.d_in, img_z, s.fz, g.stream);
   sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(
       p.sel, int(n_rows), p.n_expert, T, s.offsets, s.tile_start, s.order, s.tiles, int(max_tiles));
   K3_CUDA_LAUNCH_CHECK();
   GemmArgs a{p.experts, s.tiles, s.offsets, s.tile_start, s.order, p.n_expert, p.k,
              p.d_ff,    p.d_in,  nullptr,   s.h,          p.act,   p.beta1,    p.beta2};
-  if (p_up)
-    launch_decode_f16_persist(a, F16Src{self ? nullptr : img_z, s.fz, p.z, ldz, nullptr}, true, max_tiles, T,
-                              depth, g.stream);
-  else
-    launch_decode_f16(a, img_z, s.fz, true, max_tiles, T, depth, g.stream);
-  if (!(p_down && self)) f16_image(nullptr, 0, s.h, n_rows, p.d_ff, s.img_h, s.fh, g.stream);
+  launch_decode_f16(a, img_z, s.fz, true, max_tiles, T, depth, g.stream);
+  f16_image(nullptr, 0, s.h, n_rows, p.d_ff, s.img_h, s.fh, g.stream);
   a.n_out = p.d_in, a.K = p.d_ff, a.out = s.o;
-  if (p_down)
-    launch_decode_f16_persist(a, F16Src{self ? nullptr : s.img_h, s.fh, nullptr, 0, s.h}, false, max_tiles, T,
-                              depth, g.stream);
-  else
-    launch_decode_f16(a, s.img_h, s.fh, false, max_tiles, T, depth, g.stream);
+  launch_decode_f16(a, s.img_h, s.fh, false, max_tiles, T, depth, g.stream);
 }
 
 template <bool DUAL, int BT, bool REP>
@@ -1022,9 +1008,9 @@ constexpr int kF16MaxTok = 8;  // the f16 decode path is the default up to here 
 // half-precision decode path (moe_experts_f16_cuda.cu) with tiles of 2 / 4 rows and 1 chunk of weights in
 // flight per warp, 23 / 24 = 22 / 21 with 2 chunks (24 is the default decode up to kF16MaxTok tokens since
 // session 22), 30 = 24 with 3 chunks; 31 = the bf16 decode kernels above (the default decode before session
-// 22 and from kF16MaxTok + 1 tokens; K3_MOE_F16=0 makes them the default at every size); 25-29 = the
-// persistent f16 kernels (below). 21-31 run in every build. Prefill runs on the wgmma kernel only at variant
-// 0 (where moe::wg_ok and path != prefill_mma).
+// 22 and from kF16MaxTok + 1 tokens; K3_MOE_F16=0 makes them the default at every size). 21-24, 30 and 31 run
+// in every build (25-29: session 23's persistent f16 kernel, measured slower and removed, in git 99e50ce).
+// Prefill runs on the wgmma kernel only at variant 0 (where moe::wg_ok and path != prefill_mma).
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 
 void moe_experts_cuda(const MoeExpertsParams& p, GpuContext& g) { moe_experts_cuda_variant(p, g, 0); }
@@ -1044,21 +1030,14 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
   // bench_moe, 0.94-0.96x in the slices' MoE module at B = 1 / 8; 0.98x in bench_moe at 64 but 1.02-1.07x in
   // the slices' MoE module at B = 64, whose routing gives experts more rows (an expert of r rows is read
   // ceil(r / 2) times, against ceil(r / 8))
-  // Variants 25-29 (and the default with K3_MOE_PERSIST=1, as 25): the persistent kernels (the tiled one
-  // where a reduction is too short for the ring): 25 / 26 / 27 tiles of 2, 2 / 3 / 1 chunks in flight a warp,
-  // images made in the kernels; 28 = 25 with the images from f16_image launches; 29 = 25 with tiles of 4.
   static const bool f16_env = env_switch("K3_MOE_F16", true);
-  static const bool persist_env = env_switch("K3_MOE_PERSIST", false);
-  const int persist =
-      (variant == 0 && persist_env) || (variant >= 25 && variant <= 29) ? (variant == 28 ? 1 : 2) : 0;
   const bool f16 = decode && p.n_tok <= kMoeDecodeMaxTok &&
-                   ((variant == 0 && f16_env && p.n_tok <= kF16MaxTok) || (variant >= 21 && variant <= 30));
+                   ((variant == 0 && f16_env && p.n_tok <= kF16MaxTok) || (variant >= 21 && variant <= 24) ||
+                    variant == 30);
   if (f16) {
-    const int T = variant == 22 || variant == 23 || variant == 29 ? 4 : 2;
-    const int depth = variant == 21 || variant == 22 || variant == 27 ? 1
-                      : variant == 30 || variant == 26                ? 3
-                                                                      : 2;
-    run_decode_f16(p, s, n_rows, g, T, depth, persist);
+    const int T = variant == 22 || variant == 23 ? 4 : 2;
+    const int depth = variant == 21 || variant == 22 ? 1 : variant == 30 ? 3 : 2;
+    run_decode_f16(p, s, n_rows, g, T, depth);
     combine(p, s, g);
     return;
   }

@@ -122,20 +122,5 @@ void f16_image(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t n_ro
                float* fx, cudaStream_t stream);
 void launch_decode_f16(const GemmArgs& a, const __half* img, const float* fx, bool dual, unsigned max_tiles,
                        int T, int depth, cudaStream_t stream);
-// The persistent version (experts_decode_f16_persist_kernel) over the same tiles: its images from img / fx,
-// or, with img null, made by the blocks themselves from z (fp32, row stride ldz; dual) or h (bf16 sorted
-// rows). T = 2 with depth 1, 2 or 3 (depth 1 and 3: img null only), or T = 4 with depth 2; needs
-// f16_persist_ok.
-struct F16Src {
-  const __half* img;
-  const float* fx;
-  const float* z;
-  int64_t ldz;
-  const __nv_bfloat16* h;
-};
-void launch_decode_f16_persist(const GemmArgs& a, const F16Src& src, bool dual, unsigned max_tiles, int T,
-                               int depth, cudaStream_t stream);
-// the persistent kernel needs more chunks per warp than `depth` (its ring crosses into the next item only)
-bool f16_persist_ok(int K, int depth);
 
 }  // namespace k3::moe_cuda

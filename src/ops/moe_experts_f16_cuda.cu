@@ -274,147 +274,6 @@ __global__ void __launch_bounds__(kHWarps * 32, MINB) experts_decode_f16_kernel(
   if (warp == 0 && q < n_r) h_store<DUAL, NS>(a, acc, lane, g, q, r0, n0, part);
 }
 
-// Persistent version (bench variants 25-29 and K3_MOE_PERSIST=1 until it has run): gridDim.x resident blocks
-// walk the items (valid tile t, neuron group y), item i = t * groups + y, block b taking the contiguous range
-// [n b / grid, n (b + 1) / grid) of the n = valid tiles x groups items, so consecutive items of a block
-// mostly share a tile (its images staged once). Each warp's ring of weight loads runs on across items: the
-// loads of item j + 1's first chunks are in flight while item j's last chunks are multiplied and its sums
-// stored, and item j + 1's tile entry (loaded at item j - 1) and expert pointers (loaded at item j) are in
-// registers before they are needed, so no item waits on a tile lookup, a pointer load or a first weight load
-// (each block of experts_decode_f16_kernel does, ~8 rounds of blocks per SM a call at n_tok = 1). Images
-// double-buffered (the next tile's staged during the current item), partial sums double-buffered by item
-// parity, one block barrier per item. Needs chunks per warp > DEPTH (f16_persist_ok). SELF: the block makes
-// its tiles' images itself (f16_group from z or h, as f16_image would) instead of copying them from img / fx,
-// so the call needs no image launches.
-template <bool DUAL, int T, int DEPTH, int MINB, bool SELF>
-__global__ void __launch_bounds__(kHWarps * 32, MINB)
-    experts_decode_f16_persist_kernel(GemmArgs a, const __half* img, const float* fx, const float* z,
-                                      int64_t ldz, const __nv_bfloat16* h, int groups) {
-  static_assert(T == 2 || T == 4, "an MMA's columns are (4 groups x 2 tokens)");
-  constexpr int NS = T / 2, kNeur = DUAL ? 16 : 32;
-  extern __shared__ uint4 h_smem[];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
-  const int K = a.K, G = K / 32;
-  const int n_items = __ldg(a.tile_start + a.E) * groups;  // the valid tiles come first (sort_kernel)
-  const int i0 = int(int64_t(n_items) * blockIdx.x / gridDim.x);
-  const int n_it = int(int64_t(n_items) * (blockIdx.x + 1) / gridDim.x) - i0;  // this block's items
-  if (n_it <= 0) return;
-  __half* s_img = reinterpret_cast<__half*>(h_smem);    // [2][T][G][32]
-  __half* s_zero = s_img + size_t(2) * T * G * 32;      // [32] zeros: B of the other lanes
-  float* s_fx = reinterpret_cast<float*>(s_zero + 32);  // [2][T][G]
-  float(*part)[kHWarps - 1][32][4 * T] = reinterpret_cast<float(*)[kHWarps - 1][32][4 * T]>(s_fx + 2 * T * G);
-  const int n_chunk = (K + moe::kChunk - 1) / moe::kChunk, per = (n_chunk + kHWarps - 1) / kHWarps;
-  const int c0 = warp * per;  // this warp's chunks of every item: c0 .. c0 + per - 1 (< n_chunk)
-  auto tile_at = [&](int j) {
-    return j < n_it ? __ldg(a.tiles + (i0 + j) / groups) : make_int4(-1, 0, 0, 0);
-  };
-  struct Ops {  // the lane's operand matrices of an expert: A, B weights and scales
-    const uint8_t *wa, *wb, *sa, *sb;
-  };
-  auto ops_of = [&](int e) {
-    Ops o{nullptr, nullptr, nullptr, nullptr};
-    if (e >= 0) {
-      const MoeExpertPtrs* ep = a.experts + e;
-      o.wa = DUAL ? ep->w1 : ep->w2, o.wb = DUAL ? ep->w3 : ep->w2;
-      o.sa = DUAL ? ep->s1 : ep->s2, o.sb = DUAL ? ep->s3 : ep->s2;
-    }
-    return o;
-  };
-  // the load side: item ld_j's row bases (chunk 0 of the lane's group q), chunk ld_i next
-  const uint8_t* wr[4];
-  const uint8_t* sr[4];
-  bool okr[4];
-  auto set_rows = [&](const Ops& o, int j) {
-    const int n0 = (i0 + j) % groups * kNeur;
-    const int row[4] = {n0 + g, n0 + 8 + g, DUAL ? n0 + g : n0 + 16 + g, DUAL ? n0 + 8 + g : n0 + 24 + g};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      okr[k] = row[k] < a.n_out;
-      wr[k] = (k < 2 ? o.wa : o.wb) + (okr[k] ? size_t(row[k]) * (K / 2) + q * 16 : 0);
-      sr[k] = (k < 2 ? o.sa : o.sb) + (okr[k] ? size_t(row[k]) * (K / 32) + q : 0);
-    }
-  };
-  // images of tile ti into buffer b (all threads; cp.async committed, waited at an item's end)
-  auto stage = [&](const int4& ti, int b) {
-    if constexpr (SELF) {
-      for (int e = tid; e < ti.z * G; e += kHWarps * 32) {
-        const int t = e / G, grp = e - t * G;
-        const int64_t r = DUAL ? a.order[ti.y + t] / a.k : ti.y + t;  // token (z row) or sorted row (h row)
-        s_fx[(b * T + t) * G + grp] =
-            f16_group(z, ldz, h, r, K, grp, s_img + ((size_t(b) * T + t) * G + grp) * 32);
-      }
-    } else {
-      for (int t = 0; t < ti.z; ++t) {
-        const int64_t ir =
-            DUAL ? a.order[ti.y + t] / a.k : ti.y + t;  // image row: token (gate / up), sorted row
-        for (int u = tid; u < G * 4; u += kHWarps * 32)
-          cp_async16(s_img + ((size_t(b) * T + t) * G * 4 + u) * 8, img + (ir * G * 4 + u) * 8, true);
-        for (int i = tid; i < G; i += kHWarps * 32) s_fx[(b * T + t) * G + i] = fx[ir * G + i];
-      }
-      cp_async_commit();
-    }
-  };
-  int4 t_cur, t_next = tile_at(0), t_after = tile_at(1);  // tiles of items j, j + 1, j + 2
-  Ops o_next = ops_of(t_next.x);                          // item j + 1's expert (at the loop: item 0's)
-  set_rows(o_next, 0);
-  int ld_j = 0, ld_i = 0;
-  HLoads buf[DEPTH + 1];
-  auto load = [&](HLoads& d) {
-    if (ld_i == per) {
-      ld_i = 0;
-      if (++ld_j < n_it) set_rows(o_next, ld_j);  // ld_j = j + 1 here: o_next is its expert's
-    }
-    const int c = c0 + ld_i++;
-    h_load(d, wr, sr, okr, c, ld_j < n_it && c < n_chunk && c * moe::kChunk + q * 32 < K);
-  };
-#pragma unroll
-  for (int i = 0; i < DEPTH; ++i) load(buf[i]);  // in flight while the first images are staged
-  stage(t_next, 0);
-  if (tid < 4) reinterpret_cast<uint4*>(s_zero)[tid] = make_uint4(0, 0, 0, 0);
-  cp_async_wait_all();
-  __syncthreads();
-  const int tok = g & 1;  // this lane's B column g is (group g / 2, token tok of each set)
-  const bool feeds = (g >> 1) == q;
-  int ib = 0, j = 0, ci = 0;  // image buffer of item j; item j, its chunk ci
-  const __half* s_bx[NS];
-  const float* fxb = s_fx;
-  float acc[NS][2][4] = {};
-  const int n_f = n_it * per;
-  for (int f0 = 0; f0 < n_f; f0 += DEPTH + 1) {
-#pragma unroll
-    for (int jj = 0; jj <= DEPTH; ++jj) {
-      if (f0 + jj >= n_f) break;  // block-uniform
-      if (ci == 0) {              // item j starts: rotate the tiles, fetch item j + 1's expert and images
-        t_cur = t_next, t_next = t_after, t_after = tile_at(j + 2);
-        if (j + 1 < n_it) {
-          o_next = ops_of(t_next.x);
-          if ((i0 + j + 1) / groups != (i0 + j) / groups) stage(t_next, ib ^ 1);
-        }
-#pragma unroll
-        for (int s = 0; s < NS; ++s) s_bx[s] = s_img + ((size_t(ib) * T + 2 * s + tok) * G + q) * 32;
-        fxb = s_fx + ib * T * G;
-      }
-      load(buf[(jj + DEPTH) % (DEPTH + 1)]);  // past the block's items: predicated off
-      h_chunk<NS>(acc, buf[jj], c0 + ci, q, feeds, tok, t_cur.z, G, s_bx, s_zero, fxb);
-      if (++ci == per) {  // item j ends: its sums to out, the next images waited for
-        h_reduce<NS>(acc, warp, lane, part[j & 1]);
-        cp_async_wait_all();
-        __syncthreads();
-        if (warp == 0 && q < t_cur.z)
-          h_store<DUAL, NS>(a, acc, lane, g, q, t_cur.y, (i0 + j) % groups * kNeur, part[j & 1]);
-#pragma unroll
-        for (int s = 0; s < NS; ++s)
-#pragma unroll
-          for (int op = 0; op < 2; ++op)
-#pragma unroll
-            for (int k = 0; k < 4; ++k) acc[s][op][k] = 0.f;
-        if (j + 1 < n_it && (i0 + j + 1) / groups != (i0 + j) / groups) ib ^= 1;
-        ci = 0, ++j;
-      }
-    }
-  }
-}
-
 template <int T, int DEPTH, int MINB>
 void launch_h(const GemmArgs& a, const __half* img, const float* fx, bool dual, unsigned max_tiles,
               cudaStream_t stream) {
@@ -428,58 +287,13 @@ void launch_h(const GemmArgs& a, const __half* img, const float* fx, bool dual, 
   K3_CUDA_LAUNCH_CHECK();
 }
 
-// the persistent kernel's shared memory: two image buffers, the zeros, two factor buffers, two partial-sum
-// sets
-template <int T>
-size_t p_smem_bytes(int K) {
-  const int G = K / 32;
-  return size_t(2) * T * G * 64 + 64 + size_t(2) * T * G * 4 + size_t(2) * (kHWarps - 1) * 32 * 4 * T * 4;
-}
-
-template <int T, int DEPTH, int MINB, bool SELF>
-void launch_p(const GemmArgs& a, const F16Src& src, bool dual, unsigned max_tiles, cudaStream_t stream) {
-  auto k = dual ? experts_decode_f16_persist_kernel<true, T, DEPTH, MINB, SELF>
-                : experts_decode_f16_persist_kernel<false, T, DEPTH, MINB, SELF>;
-  const size_t smem = p_smem_bytes<T>(a.K);
-  if (smem > 48 * 1024)
-    K3_CUDA_ASSERT(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  int per_sm = 0;  // resident blocks per SM at this size
-  K3_CUDA_ASSERT(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kHWarps * 32, smem));
-  const int n_neur = dual ? 16 : 32, groups = (a.n_out + n_neur - 1) / n_neur;
-  const int64_t slots = int64_t(std::max(per_sm, 1)) * device_sm_count();
-  const unsigned grid = unsigned(std::min<int64_t>(slots, int64_t(max_tiles) * groups));
-  k<<<grid, kHWarps * 32, smem, stream>>>(a, src.img, src.fx, src.z, src.ldz, src.h, groups);
-  K3_CUDA_LAUNCH_CHECK();
-}
-
 }  // namespace
-
-bool f16_persist_ok(int K, int depth) {
-  const int n_chunk = (K + moe::kChunk - 1) / moe::kChunk;
-  return (n_chunk + kHWarps - 1) / kHWarps > depth;
-}
 
 void f16_image(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t n_rows, int K, __half* img, float* fx,
                cudaStream_t stream) {
   const int64_t n = n_rows * (K / 32);
   f16_image_kernel<<<unsigned((n + 127) / 128), 128, 0, stream>>>(z, ldz, h, n_rows, K, img, fx);
   K3_CUDA_LAUNCH_CHECK();
-}
-
-void launch_decode_f16_persist(const GemmArgs& a, const F16Src& src, bool dual, unsigned max_tiles, int T,
-                               int depth, cudaStream_t stream) {
-  K3_ASSERT(f16_persist_ok(a.K, depth) && (T == 2 || (T == 4 && depth == 2)));
-  const bool self = src.img == nullptr;
-  if (T == 4)
-    self ? launch_p<4, 2, 3, true>(a, src, dual, max_tiles, stream)
-         : launch_p<4, 2, 3, false>(a, src, dual, max_tiles, stream);
-  else if (depth == 3)
-    launch_p<2, 3, 3, true>(a, src, dual, max_tiles, stream);
-  else if (depth == 1)
-    launch_p<2, 1, 4, true>(a, src, dual, max_tiles, stream);
-  else
-    self ? launch_p<2, 2, 3, true>(a, src, dual, max_tiles, stream)
-         : launch_p<2, 2, 3, false>(a, src, dual, max_tiles, stream);
 }
 
 void launch_decode_f16(const GemmArgs& a, const __half* img, const float* fx, bool dual, unsigned max_tiles, int T,

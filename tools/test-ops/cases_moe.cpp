@@ -244,8 +244,8 @@ K3_OP_CASES(moe_cases) {
   add_experts(cases, 1, 12, 4, 512, 1024, MoePath::decode);
   add_experts(cases, 9, 6, 3, 1024, 512, MoePath::decode, MoeAct::silu);
   add_experts(cases, 33, 16, 4, 512, 512, MoePath::decode, MoeAct::situ, 112, 24);
-  // reductions of 9-11 chunks of 128 (partial last chunks): long enough for the persistent f16 decode kernel
-  // with 2 chunks in flight (K3_MOE_PERSIST=1), several tiles of 2 rows per expert at 8 tokens
+  // reductions of 9-11 chunks of 128 (partial last chunks; 3 a warp, more than the 2 in flight), several
+  // tiles of 2 rows per expert at 8 tokens
   add_experts(cases, 1, 12, 4, 1184, 1056, MoePath::decode);
   add_experts(cases, 8, 10, 3, 1056, 1184, MoePath::decode, MoeAct::silu);
   add_experts(cases, 3, 7, 5, 1312, 1088, MoePath::decode, MoeAct::situ, 112, 24);
