@@ -48,12 +48,19 @@ struct Scratch {  // carved from p.scratch
   float* fz;      // [n_tok, d_in / 32]
   __half* img_h;  // [n_rows, d_ff]
   float* fh;      // [n_rows, d_ff / 32]
+  int* cnt;       // the f16 decode's fused epilogues: [tiles][d_ff / 32] pair counts, then [d_in / 32] slices
   size_t bytes;
 };
 
 // the most tiles of BT rows n_rows rows of E experts make (a tiled kernel's grid x)
 int64_t decode_tiles(int64_t n_rows, int E, int BT = moe::kDecodeTile) {
   return (n_rows + BT - 1) / BT + std::min<int64_t>(E, n_rows);
+}
+
+// the f16 decode's fused-epilogue counters: a pair count per (tile of <= 2 rows, group of 32 neurons of h),
+// then a tile count per slice of 32 output columns
+int64_t fused_counters(const MoeExpertsParams& p, int64_t n_rows) {
+  return decode_tiles(n_rows, p.n_expert, 2) * (p.d_ff / 32) + (p.d_in + 31) / 32;
 }
 
 Scratch carve(const MoeExpertsParams& p, void* base) {
@@ -77,6 +84,7 @@ Scratch carve(const MoeExpertsParams& p, void* base) {
     s.fz = reinterpret_cast<float*>(take(size_t(p.n_tok) * (p.d_in / 32) * 4));
     s.img_h = reinterpret_cast<__half*>(take(size_t(n_rows) * p.d_ff * 2));
     s.fh = reinterpret_cast<float*>(take(size_t(n_rows) * (p.d_ff / 32) * 4));
+    s.cnt = reinterpret_cast<int*>(take(size_t(fused_counters(p, n_rows)) * 4));
   }
   s.bytes = off;
   return s;
@@ -99,10 +107,11 @@ __global__ void to_bf16_kernel(const float* z, int64_t ldz, int64_t n_tok, int d
 // Counting sort of the n_rows = n_tok * k rows by expert, one block. Out-of-range ids count as expert 0
 // (the router never makes them; this only keeps every access in bounds). tiles (decode): each of the n_tiles
 // tiles' (expert, first sorted row, rows), expert -1 past the last tile, so a block finds its tile in one
-// load.
+// load. zero[0 .. n_zero): counters of the kernels after it (the f16 decode's fused epilogues), set to 0.
 __global__ void __launch_bounds__(kSortThreads)
     sort_kernel(const int32_t* sel, int n_rows, int E, int BT, int* offsets, int* tile_start, int* order,
-                int4* tiles = nullptr, int n_tiles = 0) {
+                int4* tiles = nullptr, int n_tiles = 0, int* zero = nullptr, int n_zero = 0) {
+  for (int i = threadIdx.x; i < n_zero; i += blockDim.x) zero[i] = 0;
   extern __shared__ int sm[];
   int* cnt = sm;       // [E]
   int* fill = sm + E;  // [E]
@@ -931,20 +940,31 @@ void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, Gpu
 }
 
 // The half-precision decode path (moe_experts_f16_cuda.cu): tiles of T rows; the z image in zb's bytes.
+// fused (T = 2): h's image made by the gate / up kernel's last block of each pair, the combine by the down
+// kernel's last block of each column slice (GemmArgs::pair_cnt / col_cnt), so no image(h) and combine
+// launches.
 void run_decode_f16(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g, int T,
-                    int depth) {
+                    int depth, bool fused) {
+  fused = fused && T == 2;
   const unsigned max_tiles = unsigned(decode_tiles(n_rows, p.n_expert, T));
   __half* img_z = reinterpret_cast<__half*>(s.zb);
   f16_image(p.z, p.ldz ? p.ldz : p.d_in, nullptr, p.n_tok, p.d_in, img_z, s.fz, g.stream);
   sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(
-      p.sel, int(n_rows), p.n_expert, T, s.offsets, s.tile_start, s.order, s.tiles, int(max_tiles));
+      p.sel, int(n_rows), p.n_expert, T, s.offsets, s.tile_start, s.order, s.tiles, int(max_tiles),
+      fused ? s.cnt : nullptr, fused ? int(fused_counters(p, n_rows)) : 0);
   K3_CUDA_LAUNCH_CHECK();
   GemmArgs a{p.experts, s.tiles, s.offsets, s.tile_start, s.order, p.n_expert, p.k,
              p.d_ff,    p.d_in,  nullptr,   s.h,          p.act,   p.beta1,    p.beta2};
+  if (fused) a.pair_cnt = s.cnt, a.img = s.img_h, a.fx = s.fh;
   launch_decode_f16(a, img_z, s.fz, true, max_tiles, T, depth, g.stream);
-  f16_image(nullptr, 0, s.h, n_rows, p.d_ff, s.img_h, s.fh, g.stream);
+  if (!fused) f16_image(nullptr, 0, s.h, n_rows, p.d_ff, s.img_h, s.fh, g.stream);
   a.n_out = p.d_in, a.K = p.d_ff, a.out = s.o;
+  a.pair_cnt = nullptr;
+  if (fused)
+    a.col_cnt = s.cnt + decode_tiles(n_rows, p.n_expert, 2) * (p.d_ff / 32), a.wt = p.wt, a.y = p.y,
+    a.ldy = p.ldy ? p.ldy : p.d_in, a.n_tok = p.n_tok;
   launch_decode_f16(a, s.img_h, s.fh, false, max_tiles, T, depth, g.stream);
+  if (!fused) combine(p, s, g);
 }
 
 template <bool DUAL, int BT, bool REP>
@@ -1031,14 +1051,14 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
   // the slices' MoE module at B = 64, whose routing gives experts more rows (an expert of r rows is read
   // ceil(r / 2) times, against ceil(r / 8))
   static const bool f16_env = env_switch("K3_MOE_F16", true);
+  static const bool fuse_env = env_switch("K3_MOE_FUSE", true);  // 0: image(h) and combine as own launches
   const bool f16 = decode && p.n_tok <= kMoeDecodeMaxTok &&
                    ((variant == 0 && f16_env && p.n_tok <= kF16MaxTok) || (variant >= 21 && variant <= 24) ||
                     variant == 30);
   if (f16) {
     const int T = variant == 22 || variant == 23 ? 4 : 2;
     const int depth = variant == 21 || variant == 22 ? 1 : variant == 30 ? 3 : 2;
-    run_decode_f16(p, s, n_rows, g, T, depth);
-    combine(p, s, g);
+    run_decode_f16(p, s, n_rows, g, T, depth, variant == 0 && fuse_env);
     return;
   }
 #ifdef K3_MOE_VARIANTS

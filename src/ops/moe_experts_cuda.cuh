@@ -28,6 +28,18 @@ struct GemmArgs {
   __nv_bfloat16* out;      // DUAL: h [n_rows, n_out] sorted; else o [n_rows, n_out] at order[r]
   MoeAct act;
   float beta1, beta2;
+  // the f16 decode's fused epilogues (run_decode_f16; null: image(h) and the combine run as own launches),
+  // counters zeroed by sort_kernel: gate / up: pair_cnt [tiles][n_out / 32] blocks done of each group of 32
+  // neurons, the second of a pair writes the group's image (img, fx: as f16_image of h); down: col_cnt
+  // [n_out / 32] tiles done of each slice of 32 output columns, the last combines the slice (y = bf16(sum_j
+  // wt_j o_j) of every token, as combine_kernel)
+  int* pair_cnt = nullptr;
+  __half* img = nullptr;
+  float* fx = nullptr;
+  int* col_cnt = nullptr;
+  const float* wt = nullptr;
+  float* y = nullptr;
+  int64_t ldy = 0, n_tok = 0;
 };
 
 __device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {

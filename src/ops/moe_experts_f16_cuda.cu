@@ -55,13 +55,16 @@ __device__ __forceinline__ void e4m3x4_f16x2(uint32_t b, uint32_t& lo, uint32_t&
 // One group of 32 activations of row r: x = bf16(z) (z fp32, row stride ldz) or h (bf16, natural order, row
 // length K) -> its f16 image (moe::f16_pos order) at dst and the factor f = 2^(E - 135) (E: the group's
 // largest bf16 exponent field, >= 15), returned.
+// (CG: h read through L2 only, as written by other blocks of the running kernel)
+template <bool CG = false>
 __device__ __forceinline__ float f16_group(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t r,
                                            int K, int grp, __half* dst) {
   float x[32];
   uint32_t E = 15;
 #pragma unroll
   for (int c = 0; c < 32; ++c) {
-    x[c] = z ? round_bf16_dev(z[r * ldz + grp * 32 + c]) : __bfloat162float(h[r * K + grp * 32 + c]);
+    const __nv_bfloat16* hp = h + r * K + grp * 32 + c;
+    x[c] = z ? round_bf16_dev(z[r * ldz + grp * 32 + c]) : __bfloat162float(CG ? __ldcg(hp) : *hp);
     E = max(E, (__float_as_uint(x[c]) >> 23) & 0xFFu);
   }
   const float s = __uint_as_float((268u - E) << 23);  // 2^(141 - E) <= 2^126
@@ -187,6 +190,44 @@ __device__ __forceinline__ void h_store(const GemmArgs& a, const float (&acc)[NS
   dec_store_token<DUAL>(a, r0, q, n0, g, v);
 }
 
+// The fused epilogues (GemmArgs::pair_cnt / col_cnt), after the block's outputs of tile ti are stored: the
+// block counts itself done (its stores fenced first); the last of a gate / up pair (blockIdx.y = 2 m, 2 m +
+// 1) makes the image of h's neurons [32 m, 32 m + 32) for the tile's rows, the last tile of a down column
+// slice (blockIdx.y) the combine of its 32 columns for every token, both reading the other blocks' outputs
+// through L2.
+template <bool DUAL>
+__device__ __forceinline__ void h_fused_tail(const GemmArgs& a, const int4& ti, int tid) {
+  __shared__ int s_last;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    int* c =
+        DUAL ? a.pair_cnt + size_t(blockIdx.x) * (a.n_out / 32) + blockIdx.y / 2 : a.col_cnt + blockIdx.y;
+    const int target = DUAL ? 2 : __ldcg(a.tile_start + a.E);  // DUAL: n_out % 32 == 0 (h's groups of 32)
+    s_last = atomicAdd(c, 1) == target - 1;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  if constexpr (DUAL) {
+    const int G = a.n_out / 32, m = blockIdx.y / 2;
+    if (tid < ti.z) {
+      const int64_t r = ti.y + tid;  // sorted row
+      a.fx[r * G + m] = f16_group<true>(nullptr, 0, a.out, r, a.n_out, m, a.img + (r * G + m) * 32);
+    }
+  } else {
+    for (int64_t e = tid; e < a.n_tok * 32; e += kHWarps * 32) {
+      const int64_t t = e / 32;
+      const int i = blockIdx.y * 32 + int(e % 32);
+      if (i >= a.n_out) continue;
+      float acc = 0.f;  // combine_kernel's order and rounding
+      for (int j = 0; j < a.k; ++j)
+        acc += a.wt[t * a.k + j] * __bfloat162float(__ldcg(a.out + (t * a.k + j) * a.n_out + i));
+      a.y[t * a.ldy + i] = round_bf16_dev(acc);
+    }
+  }
+}
+
 // shared memory: the tile's images [T][G][32] f16, 32 zeros, factors [T][G], the warps' partial sums
 template <int T>
 size_t h_smem_bytes(int K) {
@@ -272,6 +313,7 @@ __global__ void __launch_bounds__(kHWarps * 32, MINB) experts_decode_f16_kernel(
   h_reduce<NS>(acc, warp, lane, part);
   __syncthreads();
   if (warp == 0 && q < n_r) h_store<DUAL, NS>(a, acc, lane, g, q, r0, n0, part);
+  if (DUAL ? a.pair_cnt != nullptr : a.col_cnt != nullptr) h_fused_tail<DUAL>(a, ti, tid);
 }
 
 template <int T, int DEPTH, int MINB>
