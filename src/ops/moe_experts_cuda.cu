@@ -944,11 +944,12 @@ void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, Gpu
 // kernel's last block of each column slice (GemmArgs::pair_cnt / col_cnt), so no image(h) and combine
 // launches.
 void run_decode_f16(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g, int T,
-                    int depth, bool fused) {
-  fused = fused && T == 2;
+                    int depth, bool fused, bool h8 = false) {
+  fused = fused && T == 2 && !h8;
+  h8 = h8 && T == 2 && depth == 2;
   const unsigned max_tiles = unsigned(decode_tiles(n_rows, p.n_expert, T));
   __half* img_z = reinterpret_cast<__half*>(s.zb);
-  f16_image(p.z, p.ldz ? p.ldz : p.d_in, nullptr, p.n_tok, p.d_in, img_z, s.fz, g.stream);
+  f16_image(p.z, p.ldz ? p.ldz : p.d_in, nullptr, p.n_tok, p.d_in, img_z, s.fz, g.stream, h8);
   sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(
       p.sel, int(n_rows), p.n_expert, T, s.offsets, s.tile_start, s.order, s.tiles, int(max_tiles),
       fused ? s.cnt : nullptr, fused ? int(fused_counters(p, n_rows)) : 0);
@@ -956,14 +957,14 @@ void run_decode_f16(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows,
   GemmArgs a{p.experts, s.tiles, s.offsets, s.tile_start, s.order, p.n_expert, p.k,
              p.d_ff,    p.d_in,  nullptr,   s.h,          p.act,   p.beta1,    p.beta2};
   if (fused) a.pair_cnt = s.cnt, a.img = s.img_h, a.fx = s.fh;
-  launch_decode_f16(a, img_z, s.fz, true, max_tiles, T, depth, g.stream);
-  if (!fused) f16_image(nullptr, 0, s.h, n_rows, p.d_ff, s.img_h, s.fh, g.stream);
+  launch_decode_f16(a, img_z, s.fz, true, max_tiles, T, depth, g.stream, h8);
+  if (!fused) f16_image(nullptr, 0, s.h, n_rows, p.d_ff, s.img_h, s.fh, g.stream, h8);
   a.n_out = p.d_in, a.K = p.d_ff, a.out = s.o;
   a.pair_cnt = nullptr;
   if (fused)
     a.col_cnt = s.cnt + decode_tiles(n_rows, p.n_expert, 2) * (p.d_ff / 32), a.wt = p.wt, a.y = p.y,
     a.ldy = p.ldy ? p.ldy : p.d_in, a.n_tok = p.n_tok;
-  launch_decode_f16(a, s.img_h, s.fh, false, max_tiles, T, depth, g.stream);
+  launch_decode_f16(a, s.img_h, s.fh, false, max_tiles, T, depth, g.stream, h8);
   if (!fused) combine(p, s, g);
 }
 
@@ -1029,7 +1030,8 @@ constexpr int kF16MaxTok = 8;  // the f16 decode path is the default up to here 
 // flight per warp, 23 / 24 = 22 / 21 with 2 chunks (24 is the default decode up to kF16MaxTok tokens since
 // session 22), 30 = 24 with 3 chunks; 31 = the bf16 decode kernels above (the default decode before session
 // 22 and from kF16MaxTok + 1 tokens; K3_MOE_F16=0 makes them the default at every size). 21-24, 30 and 31 run
-// in every build (25-29: session 23's persistent f16 kernel, measured slower and removed, in git 99e50ce).
+// in every build; 25 = 24 with the high-byte decode (moe::h8_even / h8_odd: masks instead of conversions).
+// (Session 23's persistent f16 kernel, measured slower and removed, is in git 99e50ce.)
 // Prefill runs on the wgmma kernel only at variant 0 (where moe::wg_ok and path != prefill_mma).
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 
@@ -1053,12 +1055,12 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
   static const bool f16_env = env_switch("K3_MOE_F16", true);
   static const bool fuse_env = env_switch("K3_MOE_FUSE", true);  // 0: image(h) and combine as own launches
   const bool f16 = decode && p.n_tok <= kMoeDecodeMaxTok &&
-                   ((variant == 0 && f16_env && p.n_tok <= kF16MaxTok) || (variant >= 21 && variant <= 24) ||
+                   ((variant == 0 && f16_env && p.n_tok <= kF16MaxTok) || (variant >= 21 && variant <= 25) ||
                     variant == 30);
   if (f16) {
     const int T = variant == 22 || variant == 23 ? 4 : 2;
     const int depth = variant == 21 || variant == 22 ? 1 : variant == 30 ? 3 : 2;
-    run_decode_f16(p, s, n_rows, g, T, depth, variant == 0 && fuse_env);
+    run_decode_f16(p, s, n_rows, g, T, depth, variant == 0 && fuse_env, variant == 25);
     return;
   }
 #ifdef K3_MOE_VARIANTS

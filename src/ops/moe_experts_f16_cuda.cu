@@ -56,7 +56,7 @@ __device__ __forceinline__ void e4m3x4_f16x2(uint32_t b, uint32_t& lo, uint32_t&
 // length K) -> its f16 image (moe::f16_pos order) at dst and the factor f = 2^(E - 135) (E: the group's
 // largest bf16 exponent field, >= 15), returned.
 // (CG: h read through L2 only, as written by other blocks of the running kernel)
-template <bool CG = false>
+template <bool CG = false, bool H8 = false>
 __device__ __forceinline__ float f16_group(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t r,
                                            int K, int grp, __half* dst) {
   float x[32];
@@ -70,19 +70,21 @@ __device__ __forceinline__ float f16_group(const float* z, int64_t ldz, const __
   const float s = __uint_as_float((268u - E) << 23);  // 2^(141 - E) <= 2^126
   __half v[32];
 #pragma unroll
-  for (int c = 0; c < 32; ++c) v[moe::f16_pos(c)] = __float2half_rn(x[c] * s);
+  for (int c = 0; c < 32; ++c) v[H8 ? moe::f16_pos_h8(c) : moe::f16_pos(c)] = __float2half_rn(x[c] * s);
 #pragma unroll
   for (int u = 0; u < 4; ++u) reinterpret_cast<uint4*>(dst)[u] = reinterpret_cast<const uint4*>(v)[u];
-  return __uint_as_float((E - 8u) << 23);  // 2^6 / s = 2^(E - 135) (the weights carry 2^-6)
+  // 2^6 / s = 2^(E - 135) (the weights carry 2^-6); H8: 2^14 / s = 2^(E - 127)
+  return __uint_as_float((H8 ? E : E - 8u) << 23);
 }
 
 // One thread per (row, group): the rows' images [n_rows][G][32] and factors [n_rows][G] (f16_group).
+template <bool H8>
 __global__ void f16_image_kernel(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t n_rows, int K,
                                  __half* img, float* fx) {
   const int G = K / 32;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_rows * G) return;
-  fx[i] = f16_group(z, ldz, h, i / G, K, int(i % G), img + i * 32);
+  fx[i] = f16_group<false, H8>(z, ldz, h, i / G, K, int(i % G), img + i * 32);
 }
 
 struct HLoads {  // one lane's loads of one chunk: group q of its 4 rows (A g, A g + 8, B g, B g + 8)
@@ -105,7 +107,7 @@ __device__ __forceinline__ void h_load(HLoads& d, const uint8_t* const (&w)[4], 
 // One chunk c of a lane's loads d into its accumulators acc[set][operand A / B][c0 .. c3: rows g, g + 8 x
 // tokens 2 s, 2 s + 1]. s_bx[s]: group q of chunk 0 of token 2 s + tok in the staged images; s_fx: the
 // factors [T][G] of the same images; n_r: the tile's rows.
-template <int NS>
+template <int NS, bool H8>
 __device__ __forceinline__ void h_chunk(float (&acc)[NS][2][4], const HLoads& d, int c, int q, bool feeds,
                                         int tok, int n_r, int G, const __half* const (&s_bx)[NS],
                                         const __half* s_zero, const float* s_fx) {
@@ -123,10 +125,19 @@ __device__ __forceinline__ void h_chunk(float (&acc)[NS][2][4], const HLoads& d,
 #pragma unroll
     for (int op = 0; op < 2; ++op) {
       const uint32_t w0 = (&d.w[2 * op].x)[i], w1 = (&d.w[2 * op + 1].x)[i];
-      const uint32_t e0 = moe::f8_even(w0), e1 = moe::f8_even(w1), o0 = moe::f8_odd(w0), o1 = moe::f8_odd(w1);
       uint32_t a[2][4];  // [h]: the f16 pairs (4h, 4h + 2) of rows g, g + 8, then (4h + 1, 4h + 3)
-      e4m3x4_f16x2(e0, a[0][0], a[1][0]), e4m3x4_f16x2(e1, a[0][1], a[1][1]);
-      e4m3x4_f16x2(o0, a[0][2], a[1][2]), e4m3x4_f16x2(o1, a[0][3], a[1][3]);
+      if constexpr (H8) {  // [h]: the pairs (2h, 2h + 4) of rows g, g + 8, then (2h + 1, 2h + 5)
+        const uint32_t e0 = moe::h8_even(w0), e1 = moe::h8_even(w1), o0 = moe::h8_odd(w0),
+                       o1 = moe::h8_odd(w1);
+        constexpr uint32_t M = 0xFF00FF00u;
+        a[0][0] = (e0 << 8) & M, a[0][1] = (e1 << 8) & M, a[0][2] = (o0 << 8) & M, a[0][3] = (o1 << 8) & M;
+        a[1][0] = e0 & M, a[1][1] = e1 & M, a[1][2] = o0 & M, a[1][3] = o1 & M;
+      } else {
+        const uint32_t e0 = moe::f8_even(w0), e1 = moe::f8_even(w1), o0 = moe::f8_odd(w0),
+                       o1 = moe::f8_odd(w1);
+        e4m3x4_f16x2(e0, a[0][0], a[1][0]), e4m3x4_f16x2(e1, a[0][1], a[1][1]);
+        e4m3x4_f16x2(o0, a[0][2], a[1][2]), e4m3x4_f16x2(o1, a[0][3], a[1][3]);
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -236,9 +247,9 @@ size_t h_smem_bytes(int K) {
 }
 
 // T: rows per tile (2 or 4: lane q of a row writes token q); DEPTH: chunks of weight loads in flight per warp.
-template <bool DUAL, int T, int DEPTH, int MINB>
-__global__ void __launch_bounds__(kHWarps * 32, MINB) experts_decode_f16_kernel(GemmArgs a, const __half* img,
-                                                                               const float* fx) {
+template <bool DUAL, int T, int DEPTH, int MINB, bool H8 = false>
+__global__ void __launch_bounds__(kHWarps * 32, MINB)
+    experts_decode_f16_kernel(GemmArgs a, const __half* img, const float* fx) {
   static_assert(T == 2 || T == 4, "an MMA's columns are (4 groups x 2 tokens)");
   constexpr int NS = T / 2;  // MMA column sets (tokens 2 s, 2 s + 1)
   extern __shared__ uint4 h_smem[];
@@ -307,7 +318,7 @@ __global__ void __launch_bounds__(kHWarps * 32, MINB) experts_decode_f16_kernel(
     for (int j = 0; j <= DEPTH; ++j) {
       load(c + j + DEPTH, buf[(j + DEPTH) % (DEPTH + 1)]);  // past c_end: predicated off
       if (c + j >= c_end) break;                            // warp-uniform
-      h_chunk<NS>(acc, buf[j], c + j, q, feeds, tok, n_r, G, s_bx, s_zero, s_fx);
+      h_chunk<NS, H8>(acc, buf[j], c + j, q, feeds, tok, n_r, G, s_bx, s_zero, s_fx);
     }
   }
   h_reduce<NS>(acc, warp, lane, part);
@@ -316,10 +327,11 @@ __global__ void __launch_bounds__(kHWarps * 32, MINB) experts_decode_f16_kernel(
   if (DUAL ? a.pair_cnt != nullptr : a.col_cnt != nullptr) h_fused_tail<DUAL>(a, ti, tid);
 }
 
-template <int T, int DEPTH, int MINB>
+template <int T, int DEPTH, int MINB, bool H8 = false>
 void launch_h(const GemmArgs& a, const __half* img, const float* fx, bool dual, unsigned max_tiles,
               cudaStream_t stream) {
-  auto k = dual ? experts_decode_f16_kernel<true, T, DEPTH, MINB> : experts_decode_f16_kernel<false, T, DEPTH, MINB>;
+  auto k = dual ? experts_decode_f16_kernel<true, T, DEPTH, MINB, H8>
+                : experts_decode_f16_kernel<false, T, DEPTH, MINB, H8>;
   const size_t smem = h_smem_bytes<T>(a.K);
   if (smem > 48 * 1024)  // K > 5024 at T = 4
     K3_CUDA_ASSERT(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -331,16 +343,19 @@ void launch_h(const GemmArgs& a, const __half* img, const float* fx, bool dual, 
 
 }  // namespace
 
-void f16_image(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t n_rows, int K, __half* img, float* fx,
-               cudaStream_t stream) {
+void f16_image(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t n_rows, int K, __half* img,
+               float* fx, cudaStream_t stream, bool h8) {
   const int64_t n = n_rows * (K / 32);
-  f16_image_kernel<<<unsigned((n + 127) / 128), 128, 0, stream>>>(z, ldz, h, n_rows, K, img, fx);
+  (h8 ? f16_image_kernel<true> : f16_image_kernel<false>)<<<unsigned((n + 127) / 128), 128, 0, stream>>>(
+      z, ldz, h, n_rows, K, img, fx);
   K3_CUDA_LAUNCH_CHECK();
 }
 
-void launch_decode_f16(const GemmArgs& a, const __half* img, const float* fx, bool dual, unsigned max_tiles, int T,
-                       int depth, cudaStream_t stream) {
-  if (T == 4)
+void launch_decode_f16(const GemmArgs& a, const __half* img, const float* fx, bool dual, unsigned max_tiles,
+                       int T, int depth, cudaStream_t stream, bool h8) {
+  if (h8 && T == 2 && depth == 2)
+    launch_h<2, 2, 3, true>(a, img, fx, dual, max_tiles, stream);
+  else if (T == 4)
     depth == 2 ? launch_h<4, 2, 3>(a, img, fx, dual, max_tiles, stream)
                : launch_h<4, 1, 4>(a, img, fx, dual, max_tiles, stream);
   else if (depth == 3)
