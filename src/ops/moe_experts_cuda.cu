@@ -1030,7 +1030,8 @@ constexpr int kF16MaxTok = 8;  // the f16 decode path is the default up to here 
 // flight per warp, 23 / 24 = 22 / 21 with 2 chunks (24 is the default decode up to kF16MaxTok tokens since
 // session 22), 30 = 24 with 3 chunks; 31 = the bf16 decode kernels above (the default decode before session
 // 22 and from kF16MaxTok + 1 tokens; K3_MOE_F16=0 makes them the default at every size). 21-24, 30 and 31 run
-// in every build; 25 = 24 with the high-byte decode (moe::h8_even / h8_odd: masks instead of conversions).
+// in every build; 25 = 24 with the high-byte decode (moe::h8_even / h8_odd: masks instead of conversions);
+// 26 = 24 with the fused epilogues (run_decode_f16's `fused`; the default with K3_MOE_FUSE=1).
 // (Session 23's persistent f16 kernel, measured slower and removed, is in git 99e50ce.)
 // Prefill runs on the wgmma kernel only at variant 0 (where moe::wg_ok and path != prefill_mma).
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
@@ -1053,14 +1054,16 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
   // the slices' MoE module at B = 64, whose routing gives experts more rows (an expert of r rows is read
   // ceil(r / 2) times, against ceil(r / 8))
   static const bool f16_env = env_switch("K3_MOE_F16", true);
-  static const bool fuse_env = env_switch("K3_MOE_FUSE", true);  // 0: image(h) and combine as own launches
+  // K3_MOE_FUSE=1 (and variant 26): h's image and the combine in the decode kernels' last blocks (opt-in
+  // until it has run on a GPU)
+  static const bool fuse_env = env_switch("K3_MOE_FUSE", false);
   const bool f16 = decode && p.n_tok <= kMoeDecodeMaxTok &&
-                   ((variant == 0 && f16_env && p.n_tok <= kF16MaxTok) || (variant >= 21 && variant <= 25) ||
+                   ((variant == 0 && f16_env && p.n_tok <= kF16MaxTok) || (variant >= 21 && variant <= 26) ||
                     variant == 30);
   if (f16) {
     const int T = variant == 22 || variant == 23 ? 4 : 2;
     const int depth = variant == 21 || variant == 22 ? 1 : variant == 30 ? 3 : 2;
-    run_decode_f16(p, s, n_rows, g, T, depth, variant == 0 && fuse_env, variant == 25);
+    run_decode_f16(p, s, n_rows, g, T, depth, (variant == 0 && fuse_env) || variant == 26, variant == 25);
     return;
   }
 #ifdef K3_MOE_VARIANTS
