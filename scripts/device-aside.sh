@@ -7,6 +7,9 @@ if [ -f /tmp/k3-device-notice ] && [ "${K3_DEVICE_OK:-0}" != 1 ]; then cat /tmp/
 here=$(cd "$(dirname "$0")/.." && pwd)
 aside=/tmp/k3-models-aside
 mkdir -p "$aside"
+# skip-worktree first, so that a commit made while they are aside (git add -A) cannot record them as deleted
+# (session 23's 3bd9e5b did); device-restore.sh clears it
+git -C "$here" ls-files -z -- models/k3-tiny models/k3.1-tiny | xargs -0 -r git -C "$here" update-index --skip-worktree
 for m in k3-tiny k3.1-tiny; do
   if [ -d "$here/models/$m" ] && [ ! -e "$aside/$m" ]; then mv "$here/models/$m" "$aside/$m"; fi
 done
