@@ -7,7 +7,7 @@
 //     come first, for a profiler), prefill (the prefill kernels' checks and timings only), profile (one
 //     K3 prefill of 4096 tokens on each prefill kernel, nothing else), time (the same, then timed: for the
 //     probe builds of moe_experts_wgmma_cuda.cu), bulk, d0 (the default decode only) or f16 (the
-//     half-precision decode path, variants 21-26 and 30, and the former bf16 default, 31: odd-shape and K3
+//     half-precision decode path, variants 21-28 and 30, and the former bf16 default, 31: odd-shape and K3
 //     checks, decode timings beside the default)
 // 1. peers: cudaMemcpy D2D of 2 GiB (copy GB/s = read + write bytes / time); cuBLAS bf16 GEMM 8192^3 with
 //    fp32 accumulation (TFLOP/s).
@@ -309,7 +309,7 @@ int main(int argc, char** argv) {
     ex.make(23, 96, 160, 11);
     Experts ex2;
     ex2.make(9, 32, 32, 12);
-    for (int v : {0, 25, 26, 30, 31}) {  // (21-24: checked in session 22's call 2)
+    for (int v : {0, 25, 26, 27, 28, 30, 31}) {  // (21-24: checked in session 22's call 2)
       check("small", ex, 1, 3, MoePath::decode, 1, 1, g, v);
       check("small", ex, 2, 6, MoePath::decode, 6, 2, g, v);
       check("small", ex, 7, 5, MoePath::decode, 2, 7, g, v);
@@ -318,7 +318,7 @@ int main(int argc, char** argv) {
     }
     Experts ex4;  // longer reductions (13 / 14 chunks, partial last ones), several tiles of an expert
     ex4.make(37, 1600, 1696, 14);
-    for (int v : {0, 24, 25, 26, 30, 31}) {
+    for (int v : {0, 24, 25, 26, 27, 28, 30, 31}) {
       check("long", ex4, 1, 5, MoePath::decode, 7, 1, g, v);
       check("long", ex4, 3, 9, MoePath::decode, 8, 3, g, v);
       check("long", ex4, 8, 6, MoePath::decode, 9, 8, g, v);
@@ -370,7 +370,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (f16)
-    for (int v : {0, 25, 26, 30, 31}) {
+    for (int v : {0, 25, 26, 27, 28, 30, 31}) {
       check("k3 decode (f16)", ex, 1, k, MoePath::decode, 21, 1, g, v);
       check("k3 decode b8 (f16, tokens 0-1)", ex, 8, k, MoePath::decode, 23, 2, g, v);
       check("k3 decode b64 (f16, token 0)", ex, 64, k, MoePath::decode, 25, 1, g, v);
@@ -414,7 +414,8 @@ int main(int argc, char** argv) {
       for (int i = 0; i < 10; ++i) moe_experts_cuda_variant(run.p, g, 0);
       CK(cudaStreamSynchronize(st));
     }
-    for (int v : {0, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 21, 22, 23, 24, 25, 26, 30, 31}) {
+    for (int v :
+         {0, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 21, 22, 23, 24, 25, 26, 27, 28, 30, 31}) {
       if (v >= 12 && v <= 16 && nt > 2) continue;  // the table version: n_tok <= 2
       if (bulk && v != 0 && v != 11 && (v < 17 || v > 19)) continue;
       if (d0 && v != 0) continue;

@@ -944,7 +944,7 @@ void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, Gpu
 // kernel's last block of each column slice (GemmArgs::pair_cnt / col_cnt), so no image(h) and combine
 // launches.
 void run_decode_f16(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g, int T,
-                    int depth, bool fused, bool h8 = false) {
+                    int depth, bool fused, bool h8 = false, bool minb4 = false) {
   fused = fused && T == 2 && !h8;
   h8 = h8 && T == 2 && depth == 2;
   const unsigned max_tiles = unsigned(decode_tiles(n_rows, p.n_expert, T));
@@ -957,14 +957,14 @@ void run_decode_f16(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows,
   GemmArgs a{p.experts, s.tiles, s.offsets, s.tile_start, s.order, p.n_expert, p.k,
              p.d_ff,    p.d_in,  nullptr,   s.h,          p.act,   p.beta1,    p.beta2};
   if (fused) a.pair_cnt = s.cnt, a.img = s.img_h, a.fx = s.fh;
-  launch_decode_f16(a, img_z, s.fz, true, max_tiles, T, depth, g.stream, h8);
+  launch_decode_f16(a, img_z, s.fz, true, max_tiles, T, depth, g.stream, h8, minb4);
   if (!fused) f16_image(nullptr, 0, s.h, n_rows, p.d_ff, s.img_h, s.fh, g.stream, h8);
   a.n_out = p.d_in, a.K = p.d_ff, a.out = s.o;
   a.pair_cnt = nullptr;
   if (fused)
     a.col_cnt = s.cnt + decode_tiles(n_rows, p.n_expert, 2) * (p.d_ff / 32), a.wt = p.wt, a.y = p.y,
     a.ldy = p.ldy ? p.ldy : p.d_in, a.n_tok = p.n_tok;
-  launch_decode_f16(a, s.img_h, s.fh, false, max_tiles, T, depth, g.stream, h8);
+  launch_decode_f16(a, s.img_h, s.fh, false, max_tiles, T, depth, g.stream, h8, minb4);
   if (!fused) combine(p, s, g);
 }
 
@@ -1031,7 +1031,8 @@ constexpr int kF16MaxTok = 8;  // the f16 decode path is the default up to here 
 // session 22), 30 = 24 with 3 chunks; 31 = the bf16 decode kernels above (the default decode before session
 // 22 and from kF16MaxTok + 1 tokens; K3_MOE_F16=0 makes them the default at every size). 21-24, 30 and 31 run
 // in every build; 25 = 24 with the high-byte decode (moe::h8_even / h8_odd: masks instead of conversions);
-// 26 = 24 with the fused epilogues (run_decode_f16's `fused`; the default with K3_MOE_FUSE=1).
+// 26 = 24 with the fused epilogues (run_decode_f16's `fused`; the default with K3_MOE_FUSE=1); 27 / 28 = 24 /
+// 25 sized for 4 blocks an SM (128 registers).
 // (Session 23's persistent f16 kernel, measured slower and removed, is in git 99e50ce.)
 // Prefill runs on the wgmma kernel only at variant 0 (where moe::wg_ok and path != prefill_mma).
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
@@ -1058,12 +1059,13 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
   // until it has run on a GPU)
   static const bool fuse_env = env_switch("K3_MOE_FUSE", false);
   const bool f16 = decode && p.n_tok <= kMoeDecodeMaxTok &&
-                   ((variant == 0 && f16_env && p.n_tok <= kF16MaxTok) || (variant >= 21 && variant <= 26) ||
+                   ((variant == 0 && f16_env && p.n_tok <= kF16MaxTok) || (variant >= 21 && variant <= 28) ||
                     variant == 30);
   if (f16) {
     const int T = variant == 22 || variant == 23 ? 4 : 2;
     const int depth = variant == 21 || variant == 22 ? 1 : variant == 30 ? 3 : 2;
-    run_decode_f16(p, s, n_rows, g, T, depth, (variant == 0 && fuse_env) || variant == 26, variant == 25);
+    run_decode_f16(p, s, n_rows, g, T, depth, (variant == 0 && fuse_env) || variant == 26,
+                   variant == 25 || variant == 28, variant == 27 || variant == 28);
     return;
   }
 #ifdef K3_MOE_VARIANTS

@@ -130,10 +130,11 @@ void launch_wgmma(const GemmArgs& a, bool dual, int64_t n_rows, cudaStream_t str
 // [n_rows, K / 32, 32] f16, fx [n_rows, K / 32]. launch_decode_f16: the gate / up (dual: a.x unused, the
 // image rows are tokens) or down (image rows = sorted rows) kernel over sort_kernel's tiles of T (2 or 4)
 // rows; depth: chunks of weights in flight per warp (1, 2, or 3 at T = 2). h8: the high-byte decode
-// (moe::h8_even / h8_odd, images in f16_pos_h8 order; T = 2, depth 2 only; bench variant 25).
+// (moe::h8_even / h8_odd, images in f16_pos_h8 order; T = 2, depth 2 only; bench variant 25); minb4: the
+// T = 2, depth 2 kernels sized for 4 blocks an SM (128 registers; bench variants 27, 28).
 void f16_image(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t n_rows, int K, __half* img,
                float* fx, cudaStream_t stream, bool h8 = false);
 void launch_decode_f16(const GemmArgs& a, const __half* img, const float* fx, bool dual, unsigned max_tiles,
-                       int T, int depth, cudaStream_t stream, bool h8 = false);
+                       int T, int depth, cudaStream_t stream, bool h8 = false, bool minb4 = false);
 
 }  // namespace k3::moe_cuda

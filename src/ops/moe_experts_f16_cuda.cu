@@ -352,8 +352,11 @@ void f16_image(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t n_ro
 }
 
 void launch_decode_f16(const GemmArgs& a, const __half* img, const float* fx, bool dual, unsigned max_tiles,
-                       int T, int depth, cudaStream_t stream, bool h8) {
-  if (h8 && T == 2 && depth == 2)
+                       int T, int depth, cudaStream_t stream, bool h8, bool minb4) {
+  if (minb4 && T == 2 && depth == 2)  // 128 registers: 4 blocks (16 warps) an SM
+    h8 ? launch_h<2, 2, 4, true>(a, img, fx, dual, max_tiles, stream)
+       : launch_h<2, 2, 4, false>(a, img, fx, dual, max_tiles, stream);
+  else if (h8 && T == 2 && depth == 2)
     launch_h<2, 2, 3, true>(a, img, fx, dual, max_tiles, stream);
   else if (T == 4)
     depth == 2 ? launch_h<4, 2, 3>(a, img, fx, dual, max_tiles, stream)
