@@ -17,27 +17,42 @@ uint32_t pair_by_shifts(uint32_t w, int j) {  // the definition: nibbles 3 - j a
   return (w & 0x80008000u) | ((w >> 6) & 0x01C001C0u);
 }
 
-TEST(MoeLayout, F8BytesAreTheNibblesTimes2PowMinus6) {
-  // every byte value in every position of a word: f8_even byte j = column 2j (low nibble of byte j),
-  // f8_odd byte j = column 2j + 1 (high nibble), both e4m3 = e2m1 * 2^-6 exactly; the other bytes' bits vary
+// Every byte value in every position of a word, the other bytes' bits varied: byte j of even(w) must decode
+// (by `value`) to the low nibble of w's byte j (column 2j) times `scale`, byte j of odd(w) to its high
+// nibble.
+template <class Even, class Odd, class Value>
+int64_t byte_rule_errors(Even even, Odd odd, Value value, float scale) {
   int64_t bad = 0;
   for (uint32_t b = 0; b < 256; ++b)
     for (int j = 0; j < 4; ++j)
       for (uint32_t rest : {0u, 0xFFFFFFFFu, 0x5A5A5A5Au, 0xA5A5A5A5u}) {
         const uint32_t w = (rest & ~(0xFFu << (8 * j))) | (b << (8 * j));
-        const uint32_t ev = (moe::f8_even(w) >> (8 * j)) & 0xFFu, od = (moe::f8_odd(w) >> (8 * j)) & 0xFFu;
-        bad += f8_e4m3_to_f32(uint8_t(ev)) != e2m1_to_f32(uint8_t(b & 15u)) * (1.0f / 64.0f);
-        bad += f8_e4m3_to_f32(uint8_t(od)) != e2m1_to_f32(uint8_t(b >> 4)) * (1.0f / 64.0f);
+        const uint32_t ev = (even(w) >> (8 * j)) & 0xFFu, od = (odd(w) >> (8 * j)) & 0xFFu;
+        bad += value(ev) != e2m1_to_f32(uint8_t(b & 15u)) * scale;
+        bad += value(od) != e2m1_to_f32(uint8_t(b >> 4)) * scale;
       }
-  EXPECT_EQ(bad, 0);
+  return bad;
+}
+
+// pos is a permutation of 0 .. n - 1
+template <class Pos>
+void expect_permutation(Pos pos, int n) {
+  std::vector<int> seen(size_t(n), 0);
+  for (int c = 0; c < n; ++c) ++seen[size_t(pos(c))];
+  for (int p = 0; p < n; ++p) EXPECT_EQ(seen[size_t(p)], 1) << "slot " << p;
+}
+
+TEST(MoeLayout, F8BytesAreTheNibblesTimes2PowMinus6) {  // e4m3 bytes: e2m1 * 2^-6 exactly
+  EXPECT_EQ(
+      byte_rule_errors(
+          moe::f8_even, moe::f8_odd, [](uint32_t v) { return f8_e4m3_to_f32(uint8_t(v)); }, 1.0f / 64.0f),
+      0);
 }
 
 TEST(MoeLayout, F16ImageOrderMeetsTheMmaPairs) {
   // f16_pos is a permutation of a group's 32 columns; unit u holds the pairs (0, 2), (1, 3), (4, 6), (5, 7):
   // MMA h of word u takes (4h, 4h + 2) as b0 (the f16 pair of f8_even's half h) and (4h + 1, 4h + 3) as b1
-  std::vector<int> seen(32, 0);
-  for (int c = 0; c < 32; ++c) ++seen[size_t(moe::f16_pos(c))];
-  for (int p = 0; p < 32; ++p) EXPECT_EQ(seen[size_t(p)], 1) << "slot " << p;
+  expect_permutation(moe::f16_pos, 32);
   for (int u = 0; u < 4; ++u)
     for (int h = 0; h < 2; ++h)
       for (int e = 0; e < 2; ++e) {
@@ -49,16 +64,8 @@ TEST(MoeLayout, F16ImageOrderMeetsTheMmaPairs) {
 TEST(MoeLayout, H8BytesAreF16HighBytesOfTheNibblesTimes2PowMinus14) {
   // h8_even byte j = column 2j, h8_odd byte j = column 2j + 1, each the high byte of the f16 e2m1 * 2^-14;
   // the pairs the decode forms: (e << 8) & M = columns (0, 4) / (1, 5), e & M = (2, 6) / (3, 7) of the word
-  int64_t bad = 0;
-  for (uint32_t b = 0; b < 256; ++b)
-    for (int j = 0; j < 4; ++j)
-      for (uint32_t rest : {0u, 0xFFFFFFFFu, 0x5A5A5A5Au, 0xA5A5A5A5u}) {
-        const uint32_t w = (rest & ~(0xFFu << (8 * j))) | (b << (8 * j));
-        const uint32_t ev = (moe::h8_even(w) >> (8 * j)) & 0xFFu, od = (moe::h8_odd(w) >> (8 * j)) & 0xFFu;
-        const float scale = 1.0f / 16384.0f;
-        bad += f16_to_f32(uint16_t(ev << 8)) != e2m1_to_f32(uint8_t(b & 15u)) * scale;
-        bad += f16_to_f32(uint16_t(od << 8)) != e2m1_to_f32(uint8_t(b >> 4)) * scale;
-      }
+  int64_t bad = byte_rule_errors(
+      moe::h8_even, moe::h8_odd, [](uint32_t v) { return f16_to_f32(uint16_t(v << 8)); }, 1.0f / 16384.0f);
   uint32_t x = 987654321u;
   for (int i = 0; i < 4096; ++i) {
     x = x * 1664525u + 1013904223u;
@@ -77,9 +84,7 @@ TEST(MoeLayout, H8BytesAreF16HighBytesOfTheNibblesTimes2PowMinus14) {
 TEST(MoeLayout, H8ImageOrderMeetsTheMmaPairs) {
   // f16_pos_h8 is a permutation; unit u holds the pairs (0, 4), (1, 5), (2, 6), (3, 7): MMA h of word u takes
   // (2h, 2h + 4) as b0 and (2h + 1, 2h + 5) as b1
-  std::vector<int> seen(32, 0);
-  for (int c = 0; c < 32; ++c) ++seen[size_t(moe::f16_pos_h8(c))];
-  for (int p = 0; p < 32; ++p) EXPECT_EQ(seen[size_t(p)], 1) << "slot " << p;
+  expect_permutation(moe::f16_pos_h8, 32);
   for (int u = 0; u < 4; ++u)
     for (int h = 0; h < 2; ++h)
       for (int e = 0; e < 2; ++e) {
@@ -109,9 +114,7 @@ TEST(MoeLayout, PairMultiplyMatchesShifts) {
 
 TEST(MoeLayout, WgOrderMeetsThePairs) {
   // wg_pos is a permutation of a chunk's 128 columns
-  std::vector<int> seen(128, 0);
-  for (int c = 0; c < 128; ++c) ++seen[size_t(moe::wg_pos(c))];
-  for (int p = 0; p < 128; ++p) EXPECT_EQ(seen[size_t(p)], 1) << "position " << p;
+  expect_permutation(moe::wg_pos, 128);
   // lane q, k16 step s = 2 wi + h: register 0 (k 2q, 2q + 1) holds nibble pair 2h of word wi (columns
   // 3 - 2h, 7 - 2h of the word), register 2 (k 2q + 8, 2q + 9) pair 2h + 1 (columns 2 - 2h, 6 - 2h)
   for (int q = 0; q < 4; ++q)
