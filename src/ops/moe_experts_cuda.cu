@@ -59,8 +59,11 @@ int64_t decode_tiles(int64_t n_rows, int E, int BT = moe::kDecodeTile) {
 
 // the f16 decode's fused-epilogue counters: a pair count per (tile of <= 2 rows, group of 32 neurons of h),
 // then a tile count per slice of 32 output columns
+int64_t pair_counters(const MoeExpertsParams& p, int64_t n_rows) {
+  return decode_tiles(n_rows, p.n_expert, 2) * (p.d_ff / 32);
+}
 int64_t fused_counters(const MoeExpertsParams& p, int64_t n_rows) {
-  return decode_tiles(n_rows, p.n_expert, 2) * (p.d_ff / 32) + (p.d_in + 31) / 32;
+  return pair_counters(p, n_rows) + (p.d_in + 31) / 32;
 }
 
 Scratch carve(const MoeExpertsParams& p, void* base) {
@@ -181,9 +184,7 @@ __global__ void combine_kernel(const __nv_bfloat16* o, const float* wt, int64_t 
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= n_tok * d) return;
   const int64_t t = e / d, i = e % d;
-  float acc = 0.f;
-  for (int j = 0; j < k; ++j) acc += wt[t * k + j] * __bfloat162float(o[(t * k + j) * d + i]);
-  y[t * ldy + i] = round_bf16_dev(acc);
+  y[t * ldy + i] = combine_value(o, wt, t, k, d, i);
 }
 
 // y = bf16(sum_j wt_j o_j) of the call (combine_kernel over every token)
@@ -962,8 +963,8 @@ void run_decode_f16(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows,
   a.n_out = p.d_in, a.K = p.d_ff, a.out = s.o;
   a.pair_cnt = nullptr;
   if (fused)
-    a.col_cnt = s.cnt + decode_tiles(n_rows, p.n_expert, 2) * (p.d_ff / 32), a.wt = p.wt, a.y = p.y,
-    a.ldy = p.ldy ? p.ldy : p.d_in, a.n_tok = p.n_tok;
+    a.col_cnt = s.cnt + pair_counters(p, n_rows), a.wt = p.wt, a.y = p.y, a.ldy = p.ldy ? p.ldy : p.d_in,
+    a.n_tok = p.n_tok;
   launch_decode_f16(a, s.img_h, s.fh, false, max_tiles, T, depth, g.stream, h8, minb4);
   if (!fused) combine(p, s, g);
 }

@@ -119,6 +119,15 @@ __device__ __forceinline__ void dec_store_token(const GemmArgs& a, int r0, int q
   }
 }
 
+// y[t][i] of the combine: bf16(sum_j wt_j o_j[i]) over token t's k expert rows of o [n_tok * k, d], in j
+// order (o read through L2: the fused epilogue reads rows other blocks of its kernel wrote)
+__device__ __forceinline__ float combine_value(const __nv_bfloat16* o, const float* wt, int64_t t, int k,
+                                               int64_t d, int64_t i) {
+  float acc = 0.f;
+  for (int j = 0; j < k; ++j) acc += wt[t * k + j] * __bfloat162float(__ldcg(o + (t * k + j) * d + i));
+  return cuda_ops::round_bf16_dev(acc);
+}
+
 using cuda_ops::smem_opt_in;
 
 // The wgmma prefill GEMM (moe_experts_wgmma_cuda.cu) over the tiles of sort_kernel run with BT = kWgTile:

@@ -230,11 +230,7 @@ __device__ __forceinline__ void h_fused_tail(const GemmArgs& a, const int4& ti, 
     for (int64_t e = tid; e < a.n_tok * 32; e += kHWarps * 32) {
       const int64_t t = e / 32;
       const int i = blockIdx.y * 32 + int(e % 32);
-      if (i >= a.n_out) continue;
-      float acc = 0.f;  // combine_kernel's order and rounding
-      for (int j = 0; j < a.k; ++j)
-        acc += a.wt[t * a.k + j] * __bfloat162float(__ldcg(a.out + (t * a.k + j) * a.n_out + i));
-      a.y[t * a.ldy + i] = round_bf16_dev(acc);
+      if (i < a.n_out) a.y[t * a.ldy + i] = combine_value(a.out, a.wt, t, a.k, a.n_out, i);
     }
   }
 }
