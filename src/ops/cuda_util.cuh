@@ -114,13 +114,14 @@ inline int device_sm_count() {
   return n;
 }
 
-// kernel<<<grid, block, 0, stream>>>(args...) with the programmatic-serialization attribute when `pdl`: the
-// kernel may start while the previous one finishes, so it must call pdl_wait() before reading anything the
-// earlier kernels wrote (and before writing anything they read).
+// kernel<<<grid, block, smem, stream>>>(args...) with the programmatic-serialization attribute when `pdl`:
+// the kernel may start while the previous one finishes, so it must call pdl_wait() before reading anything
+// the earlier kernels wrote (and before writing anything they read).
 template <class... P, class... A>
-void launch_pdl(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, A&&... args) {
+void launch_pdl(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                A&&... args) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = 0, cfg.stream = stream;
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;

@@ -387,20 +387,20 @@ void gemv_launch(const GemvArgs& a, GpuContext& g) {
       const int tpr = a.in / E <= 16 ? 16 : 32;
       const unsigned grid = unsigned((a.out * tpr + kGemvThreads - 1) / kGemvThreads);
       if (tpr == 16)
-        launch_pdl(pdl, gemv_short_kernel<K, 16, NT>, dim3(grid), dim3(kGemvThreads), g.stream, a);
+        launch_pdl(pdl, gemv_short_kernel<K, 16, NT>, dim3(grid), dim3(kGemvThreads), 0, g.stream, a);
       else
-        launch_pdl(pdl, gemv_short_kernel<K, 32, NT>, dim3(grid), dim3(kGemvThreads), g.stream, a);
+        launch_pdl(pdl, gemv_short_kernel<K, 32, NT>, dim3(grid), dim3(kGemvThreads), 0, g.stream, a);
       return;
     }
   }
   const int64_t slots4 = gemv_slots<K, VEC, 4, NT>(), groups4 = (a.out + 3) / 4;
   const int64_t rounds4 = (groups4 + slots4 - 1) / slots4;
   if (groups4 >= slots4 && rounds4 * slots4 * 25 <= groups4 * 26) {
-    launch_pdl(pdl, gemv_kernel<K, VEC, 4, NT>, dim3(unsigned(slots4)), dim3(kGemvThreads), g.stream, a);
+    launch_pdl(pdl, gemv_kernel<K, VEC, 4, NT>, dim3(unsigned(slots4)), dim3(kGemvThreads), 0, g.stream, a);
   } else {
     const int64_t slots1 = gemv_slots<K, VEC, 1, NT>();
     launch_pdl(pdl, gemv_kernel<K, VEC, 1, NT>, dim3(unsigned(std::min(a.out, slots1))), dim3(kGemvThreads),
-               g.stream, a);
+               0, g.stream, a);
   }
 }
 

@@ -23,10 +23,8 @@
 //           e2m1 x 2^-6), MMA m16n8k16 f16 whose 8 columns are (group of 32, token), so each lane's
 //           accumulators are one scale group's sums, scaled by 2^(e - 127) in fp32. Activations (z, then h)
 //           go in as per-group power-of-two-scaled f16 images (exact down to 2^28 below a group's largest).
-//           Six launches (z's image, the sort, gate / up, h's image, down, the combine); with K3_MOE_FUSE=1
-//           (opt-in until it has run on a GPU) four: the last gate / up block of each pair makes h's image of
-//           its 32 neurons, the last down block of each 32-column slice its combine (atomic counts; the same
-//           bits). From 9 to
+//           Six launches (the sort, z's image, gate / up, h's image, down, the combine; with K3_MOE_PDL=1,
+//           opt-in until it has run on a GPU, one chain of programmatic dependent launches). From 9 to
 //           kMoeDecodeMaxTok tokens, and at every size with K3_MOE_F16=0: the bf16 decode kernels of
 //           moe_experts_cuda.cu (tiles of 8 rows, which read an expert with many rows fewer times; nibble
 //           pairs to bf16 times the scale: the decode default before session 22).

@@ -48,22 +48,12 @@ struct Scratch {  // carved from p.scratch
   float* fz;      // [n_tok, d_in / 32]
   __half* img_h;  // [n_rows, d_ff]
   float* fh;      // [n_rows, d_ff / 32]
-  int* cnt;       // the f16 decode's fused epilogues: [tiles][d_ff / 32] pair counts, then [d_in / 32] slices
   size_t bytes;
 };
 
 // the most tiles of BT rows n_rows rows of E experts make (a tiled kernel's grid x)
 int64_t decode_tiles(int64_t n_rows, int E, int BT = moe::kDecodeTile) {
   return (n_rows + BT - 1) / BT + std::min<int64_t>(E, n_rows);
-}
-
-// the f16 decode's fused-epilogue counters: a pair count per (tile of <= 2 rows, group of 32 neurons of h),
-// then a tile count per slice of 32 output columns
-int64_t pair_counters(const MoeExpertsParams& p, int64_t n_rows) {
-  return decode_tiles(n_rows, p.n_expert, 2) * (p.d_ff / 32);
-}
-int64_t fused_counters(const MoeExpertsParams& p, int64_t n_rows) {
-  return pair_counters(p, n_rows) + (p.d_in + 31) / 32;
 }
 
 Scratch carve(const MoeExpertsParams& p, void* base) {
@@ -87,7 +77,6 @@ Scratch carve(const MoeExpertsParams& p, void* base) {
     s.fz = reinterpret_cast<float*>(take(size_t(p.n_tok) * (p.d_in / 32) * 4));
     s.img_h = reinterpret_cast<__half*>(take(size_t(n_rows) * p.d_ff * 2));
     s.fh = reinterpret_cast<float*>(take(size_t(n_rows) * (p.d_ff / 32) * 4));
-    s.cnt = reinterpret_cast<int*>(take(size_t(fused_counters(p, n_rows)) * 4));
   }
   s.bytes = off;
   return s;
@@ -110,11 +99,11 @@ __global__ void to_bf16_kernel(const float* z, int64_t ldz, int64_t n_tok, int d
 // Counting sort of the n_rows = n_tok * k rows by expert, one block. Out-of-range ids count as expert 0
 // (the router never makes them; this only keeps every access in bounds). tiles (decode): each of the n_tiles
 // tiles' (expert, first sorted row, rows), expert -1 past the last tile, so a block finds its tile in one
-// load. zero[0 .. n_zero): counters of the kernels after it (the f16 decode's fused epilogues), set to 0.
+// load.
 __global__ void __launch_bounds__(kSortThreads)
     sort_kernel(const int32_t* sel, int n_rows, int E, int BT, int* offsets, int* tile_start, int* order,
-                int4* tiles = nullptr, int n_tiles = 0, int* zero = nullptr, int n_zero = 0) {
-  for (int i = threadIdx.x; i < n_zero; i += blockDim.x) zero[i] = 0;
+                int4* tiles = nullptr, int n_tiles = 0) {
+  pdl_launch_dependents();  // (the f16 decode's PDL chain: z's image runs beside the sort)
   extern __shared__ int sm[];
   int* cnt = sm;       // [E]
   int* fill = sm + E;  // [E]
@@ -178,19 +167,23 @@ __global__ void __launch_bounds__(kSortThreads)
   }
 }
 
-// y[t, i] = bf16(sum_j wt[t, j] o[t * k + j, i]), slot order
+// y[t, i] = bf16(sum_j wt[t, j] o[t * k + j, i]), slot order (waits for the down kernel where launched
+// with PDL)
 __global__ void combine_kernel(const __nv_bfloat16* o, const float* wt, int64_t n_tok, int k, int d, float* y,
                                int64_t ldy) {
+  pdl_wait();
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= n_tok * d) return;
   const int64_t t = e / d, i = e % d;
-  y[t * ldy + i] = combine_value(o, wt, t, k, d, i);
+  float acc = 0.f;
+  for (int j = 0; j < k; ++j) acc += wt[t * k + j] * __bfloat162float(o[(t * k + j) * d + i]);
+  y[t * ldy + i] = round_bf16_dev(acc);
 }
 
 // y = bf16(sum_j wt_j o_j) of the call (combine_kernel over every token)
-void combine(const MoeExpertsParams& p, const Scratch& s, GpuContext& g) {
-  combine_kernel<<<unsigned((p.n_tok * p.d_in + 255) / 256), 256, 0, g.stream>>>(
-      s.o, p.wt, p.n_tok, p.k, p.d_in, p.y, p.ldy ? p.ldy : p.d_in);
+void combine(const MoeExpertsParams& p, const Scratch& s, GpuContext& g, bool pdl = false) {
+  launch_pdl(pdl, combine_kernel, dim3(unsigned((p.n_tok * p.d_in + 255) / 256)), dim3(256), 0, g.stream, s.o,
+             p.wt, p.n_tok, p.k, p.d_in, p.y, p.ldy ? p.ldy : p.d_in);
   K3_CUDA_LAUNCH_CHECK();
 }
 
@@ -941,32 +934,25 @@ void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, Gpu
 }
 
 // The half-precision decode path (moe_experts_f16_cuda.cu): tiles of T rows; the z image in zb's bytes.
-// fused (T = 2): h's image made by the gate / up kernel's last block of each pair, the combine by the down
-// kernel's last block of each column slice (GemmArgs::pair_cnt / col_cnt), so no image(h) and combine
-// launches.
+// pdl (T = 2, depth 2): every launch after the sort with programmatic serialization: z's image beside the
+// sort, each kernel's blocks resident before the one before it ends, the down kernel's first weight loads
+// under the gate / up kernel's tail (the waits: f16_image_kernel, experts_decode_f16_kernel, combine_kernel).
 void run_decode_f16(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g, int T,
-                    int depth, bool fused, bool h8 = false, bool minb4 = false) {
-  fused = fused && T == 2 && !h8;
-  h8 = h8 && T == 2 && depth == 2;
+                    int depth, bool minb4 = false, bool pdl = false) {
+  pdl = pdl && T == 2 && depth == 2;
   const unsigned max_tiles = unsigned(decode_tiles(n_rows, p.n_expert, T));
   __half* img_z = reinterpret_cast<__half*>(s.zb);
-  f16_image(p.z, p.ldz ? p.ldz : p.d_in, nullptr, p.n_tok, p.d_in, img_z, s.fz, g.stream, h8);
   sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(
-      p.sel, int(n_rows), p.n_expert, T, s.offsets, s.tile_start, s.order, s.tiles, int(max_tiles),
-      fused ? s.cnt : nullptr, fused ? int(fused_counters(p, n_rows)) : 0);
+      p.sel, int(n_rows), p.n_expert, T, s.offsets, s.tile_start, s.order, s.tiles, int(max_tiles));
   K3_CUDA_LAUNCH_CHECK();
+  f16_image(p.z, p.ldz ? p.ldz : p.d_in, nullptr, p.n_tok, p.d_in, img_z, s.fz, g.stream, pdl);
   GemmArgs a{p.experts, s.tiles, s.offsets, s.tile_start, s.order, p.n_expert, p.k,
              p.d_ff,    p.d_in,  nullptr,   s.h,          p.act,   p.beta1,    p.beta2};
-  if (fused) a.pair_cnt = s.cnt, a.img = s.img_h, a.fx = s.fh;
-  launch_decode_f16(a, img_z, s.fz, true, max_tiles, T, depth, g.stream, h8, minb4);
-  if (!fused) f16_image(nullptr, 0, s.h, n_rows, p.d_ff, s.img_h, s.fh, g.stream, h8);
+  launch_decode_f16(a, img_z, s.fz, true, max_tiles, T, depth, g.stream, minb4, pdl);
+  f16_image(nullptr, 0, s.h, n_rows, p.d_ff, s.img_h, s.fh, g.stream, pdl);
   a.n_out = p.d_in, a.K = p.d_ff, a.out = s.o;
-  a.pair_cnt = nullptr;
-  if (fused)
-    a.col_cnt = s.cnt + pair_counters(p, n_rows), a.wt = p.wt, a.y = p.y, a.ldy = p.ldy ? p.ldy : p.d_in,
-    a.n_tok = p.n_tok;
-  launch_decode_f16(a, s.img_h, s.fh, false, max_tiles, T, depth, g.stream, h8, minb4);
-  if (!fused) combine(p, s, g);
+  launch_decode_f16(a, s.img_h, s.fh, false, max_tiles, T, depth, g.stream, minb4, pdl);
+  combine(p, s, g, pdl);
 }
 
 template <bool DUAL, int BT, bool REP>
@@ -1031,10 +1017,10 @@ constexpr int kF16MaxTok = 8;  // the f16 decode path is the default up to here 
 // flight per warp, 23 / 24 = 22 / 21 with 2 chunks (24 is the default decode up to kF16MaxTok tokens since
 // session 22), 30 = 24 with 3 chunks; 31 = the bf16 decode kernels above (the default decode before session
 // 22 and from kF16MaxTok + 1 tokens; K3_MOE_F16=0 makes them the default at every size). 21-24, 30 and 31 run
-// in every build; 25 = 24 with the high-byte decode (moe::h8_even / h8_odd: masks instead of conversions);
-// 26 = 24 with the fused epilogues (run_decode_f16's `fused`; the default with K3_MOE_FUSE=1); 27 / 28 = 24 /
-// 25 sized for 4 blocks an SM (128 registers).
-// (Session 23's persistent f16 kernel, measured slower and removed, is in git 99e50ce.)
+// in every build; 27 = 24 sized for 4 blocks an SM (128 registers); 32 = 24 with its launches as one PDL
+// chain (run_decode_f16's `pdl`; the default with K3_MOE_PDL=1).
+// (Measured slower or no faster and removed: session 23's persistent f16 kernel, in git 99e50ce; session 24's
+// 25 = 24 with a high-byte nibble decode and 26 = 24 with fused epilogues, in git 51d93f0; decision gpu.12.)
 // Prefill runs on the wgmma kernel only at variant 0 (where moe::wg_ok and path != prefill_mma).
 void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int variant);
 
@@ -1056,17 +1042,16 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
   // the slices' MoE module at B = 64, whose routing gives experts more rows (an expert of r rows is read
   // ceil(r / 2) times, against ceil(r / 8))
   static const bool f16_env = env_switch("K3_MOE_F16", true);
-  // K3_MOE_FUSE=1 (and variant 26): h's image and the combine in the decode kernels' last blocks (opt-in
-  // until it has run on a GPU)
-  static const bool fuse_env = env_switch("K3_MOE_FUSE", false);
+  // K3_MOE_PDL=1 (and variant 32): the f16 decode's launches as one PDL chain (opt-in until it has run on a
+  // GPU)
+  static const bool pdl_env = env_switch("K3_MOE_PDL", false);
   const bool f16 = decode && p.n_tok <= kMoeDecodeMaxTok &&
-                   ((variant == 0 && f16_env && p.n_tok <= kF16MaxTok) || (variant >= 21 && variant <= 28) ||
-                    variant == 30);
+                   ((variant == 0 && f16_env && p.n_tok <= kF16MaxTok) || (variant >= 21 && variant <= 24) ||
+                    variant == 27 || variant == 30 || variant == 32);
   if (f16) {
     const int T = variant == 22 || variant == 23 ? 4 : 2;
     const int depth = variant == 21 || variant == 22 ? 1 : variant == 30 ? 3 : 2;
-    run_decode_f16(p, s, n_rows, g, T, depth, (variant == 0 && fuse_env) || variant == 26,
-                   variant == 25 || variant == 28, variant == 27 || variant == 28);
+    run_decode_f16(p, s, n_rows, g, T, depth, variant == 27, (variant == 0 && pdl_env) || variant == 32);
     return;
   }
 #ifdef K3_MOE_VARIANTS

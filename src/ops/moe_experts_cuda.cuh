@@ -28,18 +28,6 @@ struct GemmArgs {
   __nv_bfloat16* out;      // DUAL: h [n_rows, n_out] sorted; else o [n_rows, n_out] at order[r]
   MoeAct act;
   float beta1, beta2;
-  // the f16 decode's fused epilogues (run_decode_f16; null: image(h) and the combine run as own launches),
-  // counters zeroed by sort_kernel: gate / up: pair_cnt [tiles][n_out / 32] blocks done of each group of 32
-  // neurons, the second of a pair writes the group's image (img, fx: as f16_image of h); down: col_cnt
-  // [n_out / 32] tiles done of each slice of 32 output columns, the last combines the slice (y = bf16(sum_j
-  // wt_j o_j) of every token, as combine_kernel)
-  int* pair_cnt = nullptr;
-  __half* img = nullptr;
-  float* fx = nullptr;
-  int* col_cnt = nullptr;
-  const float* wt = nullptr;
-  float* y = nullptr;
-  int64_t ldy = 0, n_tok = 0;
 };
 
 __device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
@@ -119,15 +107,6 @@ __device__ __forceinline__ void dec_store_token(const GemmArgs& a, int r0, int q
   }
 }
 
-// y[t][i] of the combine: bf16(sum_j wt_j o_j[i]) over token t's k expert rows of o [n_tok * k, d], in j
-// order (o read through L2: the fused epilogue reads rows other blocks of its kernel wrote)
-__device__ __forceinline__ float combine_value(const __nv_bfloat16* o, const float* wt, int64_t t, int k,
-                                               int64_t d, int64_t i) {
-  float acc = 0.f;
-  for (int j = 0; j < k; ++j) acc += wt[t * k + j] * __bfloat162float(__ldcg(o + (t * k + j) * d + i));
-  return cuda_ops::round_bf16_dev(acc);
-}
-
 using cuda_ops::smem_opt_in;
 
 // The wgmma prefill GEMM (moe_experts_wgmma_cuda.cu) over the tiles of sort_kernel run with BT = kWgTile:
@@ -138,12 +117,12 @@ void launch_wgmma(const GemmArgs& a, bool dual, int64_t n_rows, cudaStream_t str
 // (moe::f16_pos order, factors 2^6 / s) from z (fp32, bf16-rounded first) or from h (bf16); img
 // [n_rows, K / 32, 32] f16, fx [n_rows, K / 32]. launch_decode_f16: the gate / up (dual: a.x unused, the
 // image rows are tokens) or down (image rows = sorted rows) kernel over sort_kernel's tiles of T (2 or 4)
-// rows; depth: chunks of weights in flight per warp (1, 2, or 3 at T = 2). h8: the high-byte decode
-// (moe::h8_even / h8_odd, images in f16_pos_h8 order; T = 2, depth 2 only; bench variant 25); minb4: the
-// T = 2, depth 2 kernels sized for 4 blocks an SM (128 registers; bench variants 27, 28).
+// rows; depth: chunks of weights in flight per warp (1, 2, or 3 at T = 2). minb4: the T = 2, depth 2 kernels
+// sized for 4 blocks an SM (128 registers; bench variant 27). pdl: launched with programmatic serialization
+// (run_decode_f16's chain; T = 2, depth 2).
 void f16_image(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t n_rows, int K, __half* img,
-               float* fx, cudaStream_t stream, bool h8 = false);
+               float* fx, cudaStream_t stream, bool pdl = false);
 void launch_decode_f16(const GemmArgs& a, const __half* img, const float* fx, bool dual, unsigned max_tiles,
-                       int T, int depth, cudaStream_t stream, bool h8 = false, bool minb4 = false);
+                       int T, int depth, cudaStream_t stream, bool minb4 = false, bool pdl = false);
 
 }  // namespace k3::moe_cuda

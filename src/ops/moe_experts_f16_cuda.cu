@@ -55,8 +55,6 @@ __device__ __forceinline__ void e4m3x4_f16x2(uint32_t b, uint32_t& lo, uint32_t&
 // One group of 32 activations of row r: x = bf16(z) (z fp32, row stride ldz) or h (bf16, natural order, row
 // length K) -> its f16 image (moe::f16_pos order) at dst and the factor f = 2^(E - 135) (E: the group's
 // largest bf16 exponent field, >= 15), returned.
-// (CG: h read through L2 only, as written by other blocks of the running kernel)
-template <bool CG = false, bool H8 = false>
 __device__ __forceinline__ float f16_group(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t r,
                                            int K, int grp, __half* dst) {
   float x[32];
@@ -64,27 +62,29 @@ __device__ __forceinline__ float f16_group(const float* z, int64_t ldz, const __
 #pragma unroll
   for (int c = 0; c < 32; ++c) {
     const __nv_bfloat16* hp = h + r * K + grp * 32 + c;
-    x[c] = z ? round_bf16_dev(z[r * ldz + grp * 32 + c]) : __bfloat162float(CG ? __ldcg(hp) : *hp);
+    x[c] = z ? round_bf16_dev(z[r * ldz + grp * 32 + c]) : __bfloat162float(*hp);
     E = max(E, (__float_as_uint(x[c]) >> 23) & 0xFFu);
   }
   const float s = __uint_as_float((268u - E) << 23);  // 2^(141 - E) <= 2^126
   __half v[32];
 #pragma unroll
-  for (int c = 0; c < 32; ++c) v[H8 ? moe::f16_pos_h8(c) : moe::f16_pos(c)] = __float2half_rn(x[c] * s);
+  for (int c = 0; c < 32; ++c) v[moe::f16_pos(c)] = __float2half_rn(x[c] * s);
 #pragma unroll
   for (int u = 0; u < 4; ++u) reinterpret_cast<uint4*>(dst)[u] = reinterpret_cast<const uint4*>(v)[u];
-  // 2^6 / s = 2^(E - 135) (the weights carry 2^-6); H8: 2^14 / s = 2^(E - 127)
-  return __uint_as_float((H8 ? E : E - 8u) << 23);
+  return __uint_as_float((E - 8u) << 23);  // 2^6 / s = 2^(E - 135) (the weights carry 2^-6)
 }
 
 // One thread per (row, group): the rows' images [n_rows][G][32] and factors [n_rows][G] (f16_group).
-template <bool H8>
+// Launched with PDL (run_decode_f16's chain): z's image runs beside the sort before it and waits for it at
+// the end, so that its completion implies the sort's; h's image waits for the gate / up kernel first.
 __global__ void f16_image_kernel(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t n_rows, int K,
                                  __half* img, float* fx) {
+  pdl_launch_dependents();
+  if (h) pdl_wait();
   const int G = K / 32;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n_rows * G) return;
-  fx[i] = f16_group<false, H8>(z, ldz, h, i / G, K, int(i % G), img + i * 32);
+  if (i < n_rows * G) fx[i] = f16_group(z, ldz, h, i / G, K, int(i % G), img + i * 32);
+  if (z) pdl_wait();
 }
 
 struct HLoads {  // one lane's loads of one chunk: group q of its 4 rows (A g, A g + 8, B g, B g + 8)
@@ -107,7 +107,7 @@ __device__ __forceinline__ void h_load(HLoads& d, const uint8_t* const (&w)[4], 
 // One chunk c of a lane's loads d into its accumulators acc[set][operand A / B][c0 .. c3: rows g, g + 8 x
 // tokens 2 s, 2 s + 1]. s_bx[s]: group q of chunk 0 of token 2 s + tok in the staged images; s_fx: the
 // factors [T][G] of the same images; n_r: the tile's rows.
-template <int NS, bool H8>
+template <int NS>
 __device__ __forceinline__ void h_chunk(float (&acc)[NS][2][4], const HLoads& d, int c, int q, bool feeds,
                                         int tok, int n_r, int G, const __half* const (&s_bx)[NS],
                                         const __half* s_zero, const float* s_fx) {
@@ -126,18 +126,9 @@ __device__ __forceinline__ void h_chunk(float (&acc)[NS][2][4], const HLoads& d,
     for (int op = 0; op < 2; ++op) {
       const uint32_t w0 = (&d.w[2 * op].x)[i], w1 = (&d.w[2 * op + 1].x)[i];
       uint32_t a[2][4];  // [h]: the f16 pairs (4h, 4h + 2) of rows g, g + 8, then (4h + 1, 4h + 3)
-      if constexpr (H8) {  // [h]: the pairs (2h, 2h + 4) of rows g, g + 8, then (2h + 1, 2h + 5)
-        const uint32_t e0 = moe::h8_even(w0), e1 = moe::h8_even(w1), o0 = moe::h8_odd(w0),
-                       o1 = moe::h8_odd(w1);
-        constexpr uint32_t M = 0xFF00FF00u;
-        a[0][0] = (e0 << 8) & M, a[0][1] = (e1 << 8) & M, a[0][2] = (o0 << 8) & M, a[0][3] = (o1 << 8) & M;
-        a[1][0] = e0 & M, a[1][1] = e1 & M, a[1][2] = o0 & M, a[1][3] = o1 & M;
-      } else {
-        const uint32_t e0 = moe::f8_even(w0), e1 = moe::f8_even(w1), o0 = moe::f8_odd(w0),
-                       o1 = moe::f8_odd(w1);
-        e4m3x4_f16x2(e0, a[0][0], a[1][0]), e4m3x4_f16x2(e1, a[0][1], a[1][1]);
-        e4m3x4_f16x2(o0, a[0][2], a[1][2]), e4m3x4_f16x2(o1, a[0][3], a[1][3]);
-      }
+      const uint32_t e0 = moe::f8_even(w0), e1 = moe::f8_even(w1), o0 = moe::f8_odd(w0), o1 = moe::f8_odd(w1);
+      e4m3x4_f16x2(e0, a[0][0], a[1][0]), e4m3x4_f16x2(e1, a[0][1], a[1][1]);
+      e4m3x4_f16x2(o0, a[0][2], a[1][2]), e4m3x4_f16x2(o1, a[0][3], a[1][3]);
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -201,40 +192,6 @@ __device__ __forceinline__ void h_store(const GemmArgs& a, const float (&acc)[NS
   dec_store_token<DUAL>(a, r0, q, n0, g, v);
 }
 
-// The fused epilogues (GemmArgs::pair_cnt / col_cnt), after the block's outputs of tile ti are stored: the
-// block counts itself done (its stores fenced first); the last of a gate / up pair (blockIdx.y = 2 m, 2 m +
-// 1) makes the image of h's neurons [32 m, 32 m + 32) for the tile's rows, the last tile of a down column
-// slice (blockIdx.y) the combine of its 32 columns for every token, both reading the other blocks' outputs
-// through L2.
-template <bool DUAL>
-__device__ __forceinline__ void h_fused_tail(const GemmArgs& a, const int4& ti, int tid) {
-  __shared__ int s_last;
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    int* c =
-        DUAL ? a.pair_cnt + size_t(blockIdx.x) * (a.n_out / 32) + blockIdx.y / 2 : a.col_cnt + blockIdx.y;
-    const int target = DUAL ? 2 : __ldcg(a.tile_start + a.E);  // DUAL: n_out % 32 == 0 (h's groups of 32)
-    s_last = atomicAdd(c, 1) == target - 1;
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  if constexpr (DUAL) {
-    const int G = a.n_out / 32, m = blockIdx.y / 2;
-    if (tid < ti.z) {
-      const int64_t r = ti.y + tid;  // sorted row
-      a.fx[r * G + m] = f16_group<true>(nullptr, 0, a.out, r, a.n_out, m, a.img + (r * G + m) * 32);
-    }
-  } else {
-    for (int64_t e = tid; e < a.n_tok * 32; e += kHWarps * 32) {
-      const int64_t t = e / 32;
-      const int i = blockIdx.y * 32 + int(e % 32);
-      if (i < a.n_out) a.y[t * a.ldy + i] = combine_value(a.out, a.wt, t, a.k, a.n_out, i);
-    }
-  }
-}
-
 // shared memory: the tile's images [T][G][32] f16, 32 zeros, factors [T][G], the warps' partial sums
 template <int T>
 size_t h_smem_bytes(int K) {
@@ -242,14 +199,19 @@ size_t h_smem_bytes(int K) {
   return size_t(T) * G * 64 + size_t(T) * G * 4 + 64 + size_t(kHWarps - 1) * 32 * 4 * T * 4;
 }
 
-// T: rows per tile (2 or 4: lane q of a row writes token q); DEPTH: chunks of weight loads in flight per warp.
-template <bool DUAL, int T, int DEPTH, int MINB, bool H8 = false>
+// T: rows per tile (2 or 4: lane q of a row writes token q); DEPTH: chunks of weight loads in flight per
+// warp. PDL (launched with programmatic serialization, run_decode_f16's chain): gate / up waits for the
+// kernels before it first; down reads its tile (the sort finished before gate / up began) and issues its
+// first weight loads before it waits for h's image, so they overlap the gate / up kernel's last blocks. Both
+// let the next kernel launch once they have waited.
+template <bool DUAL, int T, int DEPTH, int MINB, bool PDL = false>
 __global__ void __launch_bounds__(kHWarps * 32, MINB)
     experts_decode_f16_kernel(GemmArgs a, const __half* img, const float* fx) {
   static_assert(T == 2 || T == 4, "an MMA's columns are (4 groups x 2 tokens)");
   constexpr int NS = T / 2;  // MMA column sets (tokens 2 s, 2 s + 1)
   extern __shared__ uint4 h_smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+  if constexpr (PDL && DUAL) pdl_wait(), pdl_launch_dependents();
   const int4 ti = a.tiles[blockIdx.x];  // (expert, first sorted row, rows <= T)
   if (ti.x < 0) return;
   const int r0 = ti.y, n_r = ti.z, K = a.K, G = K / 32;
@@ -293,6 +255,7 @@ __global__ void __launch_bounds__(kHWarps * 32, MINB)
   };
 #pragma unroll
   for (int i = 0; i < DEPTH; ++i) load(c_begin + i, buf[i]);  // in flight while the images are staged
+  if constexpr (PDL && !DUAL) pdl_wait(), pdl_launch_dependents();
   for (int t = 0; t < n_r; ++t) {
     const int64_t ir = DUAL ? a.order[r0 + t] / a.k : r0 + t;  // image row: token (gate / up), sorted row
     for (int u = tid; u < G * 4; u += kHWarps * 32)
@@ -314,46 +277,45 @@ __global__ void __launch_bounds__(kHWarps * 32, MINB)
     for (int j = 0; j <= DEPTH; ++j) {
       load(c + j + DEPTH, buf[(j + DEPTH) % (DEPTH + 1)]);  // past c_end: predicated off
       if (c + j >= c_end) break;                            // warp-uniform
-      h_chunk<NS, H8>(acc, buf[j], c + j, q, feeds, tok, n_r, G, s_bx, s_zero, s_fx);
+      h_chunk<NS>(acc, buf[j], c + j, q, feeds, tok, n_r, G, s_bx, s_zero, s_fx);
     }
   }
   h_reduce<NS>(acc, warp, lane, part);
   __syncthreads();
   if (warp == 0 && q < n_r) h_store<DUAL, NS>(a, acc, lane, g, q, r0, n0, part);
-  if (DUAL ? a.pair_cnt != nullptr : a.col_cnt != nullptr) h_fused_tail<DUAL>(a, ti, tid);
 }
 
-template <int T, int DEPTH, int MINB, bool H8 = false>
+template <int T, int DEPTH, int MINB, bool PDL = false>
 void launch_h(const GemmArgs& a, const __half* img, const float* fx, bool dual, unsigned max_tiles,
               cudaStream_t stream) {
-  auto k = dual ? experts_decode_f16_kernel<true, T, DEPTH, MINB, H8>
-                : experts_decode_f16_kernel<false, T, DEPTH, MINB, H8>;
+  auto k = dual ? experts_decode_f16_kernel<true, T, DEPTH, MINB, PDL>
+                : experts_decode_f16_kernel<false, T, DEPTH, MINB, PDL>;
   const size_t smem = h_smem_bytes<T>(a.K);
   if (smem > 48 * 1024)  // K > 5024 at T = 4
     K3_CUDA_ASSERT(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const int n_neur = dual ? 16 : 32;
   const dim3 grid(max_tiles, unsigned((a.n_out + n_neur - 1) / n_neur));
-  k<<<grid, kHWarps * 32, smem, stream>>>(a, img, fx);
+  launch_pdl(PDL, k, grid, dim3(kHWarps * 32), smem, stream, a, img, fx);
   K3_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
 
 void f16_image(const float* z, int64_t ldz, const __nv_bfloat16* h, int64_t n_rows, int K, __half* img,
-               float* fx, cudaStream_t stream, bool h8) {
+               float* fx, cudaStream_t stream, bool pdl) {
   const int64_t n = n_rows * (K / 32);
-  (h8 ? f16_image_kernel<true> : f16_image_kernel<false>)<<<unsigned((n + 127) / 128), 128, 0, stream>>>(
-      z, ldz, h, n_rows, K, img, fx);
+  launch_pdl(pdl, f16_image_kernel, dim3(unsigned((n + 127) / 128)), dim3(128), 0, stream, z, ldz, h, n_rows,
+             K, img, fx);
   K3_CUDA_LAUNCH_CHECK();
 }
 
 void launch_decode_f16(const GemmArgs& a, const __half* img, const float* fx, bool dual, unsigned max_tiles,
-                       int T, int depth, cudaStream_t stream, bool h8, bool minb4) {
-  if (minb4 && T == 2 && depth == 2)  // 128 registers: 4 blocks (16 warps) an SM
-    h8 ? launch_h<2, 2, 4, true>(a, img, fx, dual, max_tiles, stream)
-       : launch_h<2, 2, 4, false>(a, img, fx, dual, max_tiles, stream);
-  else if (h8 && T == 2 && depth == 2)
-    launch_h<2, 2, 3, true>(a, img, fx, dual, max_tiles, stream);
+                       int T, int depth, cudaStream_t stream, bool minb4, bool pdl) {
+  if (pdl && T == 2 && depth == 2)  // (the PDL chain: the default's shape only)
+    minb4 ? launch_h<2, 2, 4, true>(a, img, fx, dual, max_tiles, stream)
+          : launch_h<2, 2, 3, true>(a, img, fx, dual, max_tiles, stream);
+  else if (minb4 && T == 2 && depth == 2)  // 128 registers: 4 blocks (16 warps) an SM
+    launch_h<2, 2, 4>(a, img, fx, dual, max_tiles, stream);
   else if (T == 4)
     depth == 2 ? launch_h<4, 2, 3>(a, img, fx, dual, max_tiles, stream)
                : launch_h<4, 1, 4>(a, img, fx, dual, max_tiles, stream);

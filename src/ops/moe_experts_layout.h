@@ -162,20 +162,5 @@ K3_HD uint32_t f8_odd(uint32_t w) {
 K3_HD int f16_pos(int c) {  // column c (0..31) of a group -> its f16 slot
   return (c & ~7) | (c & 4) | ((c & 1) << 1) | ((c >> 1) & 1);
 }
-// The high-byte version (bench variant 25): a nibble's sign to bit 7, its magnitude to bits 3..1, so the byte
-// is the high byte of the f16 e2m1 x 2^-14 (exact; e = 0: the f16 subnormal m 2^-15), and a pair of them
-// becomes an f16 pair by one mask (and a shift) instead of a conversion. h8_even: byte j = column 2j; h8_odd:
-// byte j = column 2j + 1; the f16 pairs are then (0, 4), (2, 6) of h8_even and (1, 5), (3, 7) of h8_odd, so
-// each 8-column unit of the activations is stored as the pairs (0, 4), (1, 5), (2, 6), (3, 7) (f16_pos_h8),
-// the factor f = 2^14 / s.
-K3_HD uint32_t h8_even(uint32_t w) {
-  return ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);
-}
-K3_HD uint32_t h8_odd(uint32_t w) {
-  return ((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u);
-}
-K3_HD int f16_pos_h8(int c) {
-  return (c & ~7) | ((c & 3) << 1) | ((c >> 2) & 1);
-}
 
 }  // namespace k3::moe

@@ -61,38 +61,6 @@ TEST(MoeLayout, F16ImageOrderMeetsTheMmaPairs) {
       }
 }
 
-TEST(MoeLayout, H8BytesAreF16HighBytesOfTheNibblesTimes2PowMinus14) {
-  // h8_even byte j = column 2j, h8_odd byte j = column 2j + 1, each the high byte of the f16 e2m1 * 2^-14;
-  // the pairs the decode forms: (e << 8) & M = columns (0, 4) / (1, 5), e & M = (2, 6) / (3, 7) of the word
-  int64_t bad = byte_rule_errors(
-      moe::h8_even, moe::h8_odd, [](uint32_t v) { return f16_to_f32(uint16_t(v << 8)); }, 1.0f / 16384.0f);
-  uint32_t x = 987654321u;
-  for (int i = 0; i < 4096; ++i) {
-    x = x * 1664525u + 1013904223u;
-    const uint32_t M = 0xFF00FF00u, e = moe::h8_even(x), o = moe::h8_odd(x);
-    const uint32_t pairs[4] = {(e << 8) & M, (o << 8) & M, e & M, o & M};  // (0, 4), (1, 5), (2, 6), (3, 7)
-    for (int p = 0; p < 4; ++p)
-      for (int half = 0; half < 2; ++half) {
-        const int c = p + 4 * half;  // column of the word
-        bad += f16_to_f32(uint16_t(pairs[p] >> (16 * half))) !=
-               e2m1_to_f32(uint8_t((x >> (4 * c)) & 15u)) / 16384.0f;
-      }
-  }
-  EXPECT_EQ(bad, 0);
-}
-
-TEST(MoeLayout, H8ImageOrderMeetsTheMmaPairs) {
-  // f16_pos_h8 is a permutation; unit u holds the pairs (0, 4), (1, 5), (2, 6), (3, 7): MMA h of word u takes
-  // (2h, 2h + 4) as b0 and (2h + 1, 2h + 5) as b1
-  expect_permutation(moe::f16_pos_h8, 32);
-  for (int u = 0; u < 4; ++u)
-    for (int h = 0; h < 2; ++h)
-      for (int e = 0; e < 2; ++e) {
-        EXPECT_EQ(moe::f16_pos_h8(8 * u + 2 * h + 4 * e), 8 * u + 4 * h + e);          // b0: (2h, 2h + 4)
-        EXPECT_EQ(moe::f16_pos_h8(8 * u + 2 * h + 1 + 4 * e), 8 * u + 4 * h + 2 + e);  // b1: (2h + 1, 2h + 5)
-      }
-}
-
 TEST(MoeLayout, PairMultiplyMatchesShifts) {
   // each half of a pair depends on one byte of w; every value of the two bytes j reads, others varied
   int64_t bad = 0;
