@@ -23,8 +23,9 @@
 //           e2m1 x 2^-6), MMA m16n8k16 f16 whose 8 columns are (group of 32, token), so each lane's
 //           accumulators are one scale group's sums, scaled by 2^(e - 127) in fp32. Activations (z, then h)
 //           go in as per-group power-of-two-scaled f16 images (exact down to 2^28 below a group's largest).
-//           Six launches (the sort, z's image, gate / up, h's image, down, the combine; with K3_MOE_PDL=1,
-//           opt-in until it has run on a GPU, one chain of programmatic dependent launches). From 9 to
+//           Six launches (the sort, z's image, gate / up, h's image, down, the combine) as one chain of
+//           programmatic dependent launches (unless K3_MOE_PDL=0): each kernel's blocks resident before the
+//           one before it ends, the down kernel's first weight loads under gate / up's tail. From 9 to
 //           kMoeDecodeMaxTok tokens, and at every size with K3_MOE_F16=0: the bf16 decode kernels of
 //           moe_experts_cuda.cu (tiles of 8 rows, which read an expert with many rows fewer times; nibble
 //           pairs to bf16 times the scale: the decode default before session 22).

@@ -1018,7 +1018,7 @@ constexpr int kF16MaxTok = 8;  // the f16 decode path is the default up to here 
 // session 22), 30 = 24 with 3 chunks; 31 = the bf16 decode kernels above (the default decode before session
 // 22 and from kF16MaxTok + 1 tokens; K3_MOE_F16=0 makes them the default at every size). 21-24, 30 and 31 run
 // in every build; 27 = 24 sized for 4 blocks an SM (128 registers); 32 = 24 with its launches as one PDL
-// chain (run_decode_f16's `pdl`; the default with K3_MOE_PDL=1).
+// chain (run_decode_f16's `pdl`; the default since session 24 unless K3_MOE_PDL=0).
 // (Measured slower or no faster and removed: session 23's persistent f16 kernel, in git 99e50ce; session 24's
 // 25 = 24 with a high-byte nibble decode and 26 = 24 with fused epilogues, in git 51d93f0; decision gpu.12.)
 // Prefill runs on the wgmma kernel only at variant 0 (where moe::wg_ok and path != prefill_mma).
@@ -1042,9 +1042,9 @@ void moe_experts_cuda_variant(const MoeExpertsParams& p, GpuContext& g, int vari
   // the slices' MoE module at B = 64, whose routing gives experts more rows (an expert of r rows is read
   // ceil(r / 2) times, against ceil(r / 8))
   static const bool f16_env = env_switch("K3_MOE_F16", true);
-  // K3_MOE_PDL=1 (and variant 32): the f16 decode's launches as one PDL chain (opt-in until it has run on a
-  // GPU)
-  static const bool pdl_env = env_switch("K3_MOE_PDL", false);
+  // the f16 decode's launches as one PDL chain unless K3_MOE_PDL=0 (variant 32 = 24 with it, whatever the
+  // switch). Session 24, H100: b1 134.3 vs 137.3 us graph-timed, K3 slice B = 1 3.282 vs 3.308 ms; same bits
+  static const bool pdl_env = env_switch("K3_MOE_PDL", true);
   const bool f16 = decode && p.n_tok <= kMoeDecodeMaxTok &&
                    ((variant == 0 && f16_env && p.n_tok <= kF16MaxTok) || (variant >= 21 && variant <= 24) ||
                     variant == 27 || variant == 30 || variant == 32);
