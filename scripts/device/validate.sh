@@ -17,7 +17,8 @@
 #      ENVS_CHECK: settings run first with the K3 slice's GPU = CPU checks only;
 #      tests_env: the *Gpu* tests again under each setting of TEST_ENVS; ops: OPS_ENV="K3_X=1 ..." (and OPS_TIMEOUT s, 15) for the
 #      test-ops runs; moe: bench_moe MOE_MODE (decode: checks against fp64, timings of every decode variant; prefill: the
-#      prefill kernels' checks and timings); dsa: bench_dsa (checks, then indexer / top-k / sparse MLA timings;
+#      prefill kernels' checks and timings); moe_old: bench_moe and bench_moe_old (bench/moe_cuda/build.sh run in a
+#      checkout of OLD_COMMIT, copied to BUILD/bench/bench_moe_old) d0 timings, twice, alternating; dsa: bench_dsa (checks, then indexer / top-k / sparse MLA timings;
 #      DSA_ENVS="K3_X=1 ..." runs it again under each setting); mla_bench: bench_mla_decode (checks against fp64,
 #      then every decode kernel's timings; MLA_ENVS="K3_X=1,K3_MLA_BENCH_ONLY=b64 ..." again under each; then
 #      the probe builds bench_mla_decode_probeN packed from MLA_PROBES="1 2 3" bench/mla_cuda/build.sh);
@@ -42,7 +43,7 @@ if [ "${1:-}" = "--pack" ]; then  # runs HERE
     cp "$build/$f" /tmp/validate_pack/ && strip -s "/tmp/validate_pack/$(basename "$f")"
   done
   [ -f "$build/bench_slice_old" ] && cp "$build/bench_slice_old" /tmp/validate_pack/ && strip -s /tmp/validate_pack/bench_slice_old
-  for f in "$build"/bench/bench_dsa* "$build"/bench/bench_kda_* "$build"/bench/bench_moe_probe* "$build"/bench/bench_mla_decode*; do  # dsa_cuda/build.sh; MOE_PROBES="1 2 3" moe_cuda/build.sh; mla_cuda/build.sh
+  for f in "$build"/bench/bench_dsa* "$build"/bench/bench_kda_* "$build"/bench/bench_moe_probe* "$build"/bench/bench_moe_old "$build"/bench/bench_mla_decode*; do  # dsa_cuda/build.sh; MOE_PROBES="1 2 3" moe_cuda/build.sh; mla_cuda/build.sh
     [ -f "$f" ] && cp "$f" /tmp/validate_pack/ && strip -s "/tmp/validate_pack/$(basename "$f")"
   done
   ldd /tmp/validate_pack/* 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
@@ -65,7 +66,7 @@ trap 'rm -rf "$S"' EXIT
 trap 'rm -rf "$S"; exit 124' TERM INT
 t0=$SECONDS
 el() { echo "t=$((SECONDS - t0)) s"; }
-STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests tests_env kda ncu_kda ops dsa ncu_dsa mla_bench ncu_mla moe slice31 slice slice_old mla fused envcmp ncu_step
+STEPS=${STEPS:-tests kda ops slice mla}  # any of: tests tests_env kda ncu_kda ops dsa ncu_dsa mla_bench ncu_mla moe moe_old slice31 slice slice_old mla fused envcmp ncu_step
 on() { [[ " $STEPS " == *" $1 "* ]]; }
 # bench_envs NAME BIN BUDGET SETTINGS CHECKS METRICS: $B/BIN again under each of SETTINGS (a comma joins one
 # run's settings), appending to $out/NAME_cuda.jsonl (commit tagged +setting), each log $out/NAME_envI.log;
@@ -203,6 +204,16 @@ bench_envs() {
     echo "== bench_moe ${MOE_MODE:-decode} ($(el))"
     timeout "${MOE_BUDGET:-150}" "$B/bench_moe" "$out/moe_cuda.jsonl" "$(cat "$B/COMMIT" 2>/dev/null)" "${MOE_MODE:-decode}" 2>&1 |
       grep -E "check|decode_b|prefill_n|PASS|FAIL|copy|TFLOP" | cut -c1-200
+  fi
+  if on moe_old && [ -x "$B/bench_moe_old" ]; then  # bench_moe built at OLD_COMMIT: d0 timings, alternating
+    for i in 1 2; do
+      for v in bench_moe bench_moe_old; do
+        echo "== $v d0, round $i ($(el))"
+        c=$(cat "$B/COMMIT" 2>/dev/null)
+        [ "$v" = bench_moe_old ] && c=$(cat "$B/COMMIT_old" 2>/dev/null || echo old)
+        timeout 60 "$B/$v" "$out/moe_cuda.jsonl" "$c" d0 2>&1 | grep -E "decode_b|copy|FAIL" | cut -c1-120
+      done
+    done
   fi
   if on slice31 || on slice || on slice_old || on mla || on fused || on envcmp || on ncu_step; then
     rm -rf "$S" && mkdir -p "$S"
