@@ -99,25 +99,21 @@ __global__ void to_bf16_kernel(const float* z, int64_t ldz, int64_t n_tok, int d
 // Counting sort of the n_rows = n_tok * k rows by expert, one block. Out-of-range ids count as expert 0
 // (the router never makes them; this only keeps every access in bounds). tiles (decode): each of the n_tiles
 // tiles' (expert, first sorted row, rows), expert -1 past the last tile, so a block finds its tile in one
-// load. Every pass after the scan reads shared memory (the scan's results are also kept there), and each
-// thread's first row's expert is loaded once, at the start.
+// load.
 __global__ void __launch_bounds__(kSortThreads)
     sort_kernel(const int32_t* sel, int n_rows, int E, int BT, int* offsets, int* tile_start, int* order,
                 int4* tiles = nullptr, int n_tiles = 0) {
   pdl_launch_dependents();  // (the f16 decode's PDL chain: z's image runs beside the sort)
-  extern __shared__ int sm[];  // sort_smem_bytes(E)
-  int* cnt = sm;               // [E + 1] the counts, then each expert's first tile (cnt[E]: the tiles)
-  int* fill = sm + E + 1;      // [E + 1] each expert's first sorted row (fill[E]: the rows), then cursors
+  extern __shared__ int sm[];
+  int* cnt = sm;       // [E]
+  int* fill = sm + E;  // [E]
   __shared__ int carry[2], warp_sums[2][32];
-  auto expert_of = [&](int r) {
-    const int e = sel[r];
-    return e >= 0 && e < E ? e : 0;
-  };
-  const int e_first = int(threadIdx.x) < n_rows ? expert_of(threadIdx.x) : 0;  // row threadIdx.x's expert
   for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
-  for (int r = threadIdx.x; r < n_rows; r += blockDim.x)
-    atomicAdd(&cnt[r == int(threadIdx.x) ? e_first : expert_of(r)], 1);
+  for (int r = threadIdx.x; r < n_rows; r += blockDim.x) {
+    int e = sel[r];
+    atomicAdd(&cnt[(e >= 0 && e < E) ? e : 0], 1);
+  }
   if (threadIdx.x == 0) carry[0] = carry[1] = 0;
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -147,57 +143,40 @@ __global__ void __launch_bounds__(kSortThreads)
       }
     }
     __syncthreads();
-    if (e < E) {  // (cnt[e] is read by thread e only)
+    if (e < E) {
       const int off = carry[0] + warp_sums[0][warp] + incl[0] - v[0];
-      const int t0 = carry[1] + warp_sums[1][warp] + incl[1] - v[1];
       offsets[e] = off, fill[e] = off;
-      tile_start[e] = t0, cnt[e] = t0;
+      tile_start[e] = carry[1] + warp_sums[1][warp] + incl[1] - v[1];
     }
     __syncthreads();
     if (threadIdx.x == blockDim.x - 1) carry[0] += warp_sums[0][warp] + incl[0], carry[1] += warp_sums[1][warp] + incl[1];
     __syncthreads();
   }
-  if (threadIdx.x == 0) {
-    offsets[E] = carry[0], tile_start[E] = carry[1];
-    fill[E] = carry[0], cnt[E] = carry[1];
-  }
+  if (threadIdx.x == 0) offsets[E] = carry[0], tile_start[E] = carry[1];
   __syncthreads();
   if (tiles) {
     for (int e = threadIdx.x; e < E; e += blockDim.x)
-      for (int t = cnt[e], r0 = fill[e]; t < cnt[e + 1]; ++t, r0 += BT)
-        tiles[t] = make_int4(e, r0, min(BT, fill[e + 1] - r0), 0);
-    for (int t = cnt[E] + threadIdx.x; t < n_tiles; t += blockDim.x) tiles[t] = make_int4(-1, 0, 0, 0);
-    __syncthreads();  // (fill[e + 1] read above; the cursors move below)
+      for (int t = tile_start[e], r0 = offsets[e]; t < tile_start[e + 1]; ++t, r0 += BT)
+        tiles[t] = make_int4(e, r0, min(BT, offsets[e + 1] - r0), 0);
+    for (int t = tile_start[E] + threadIdx.x; t < n_tiles; t += blockDim.x) tiles[t] = make_int4(-1, 0, 0, 0);
   }
-  for (int r = threadIdx.x; r < n_rows; r += blockDim.x)
-    order[atomicAdd(&fill[r == int(threadIdx.x) ? e_first : expert_of(r)], 1)] = r;
-}
-
-size_t sort_smem_bytes(int E) {
-  return size_t(2) * (E + 1) * 4;
+  for (int r = threadIdx.x; r < n_rows; r += blockDim.x) {
+    int e = sel[r];
+    e = (e >= 0 && e < E) ? e : 0;
+    order[atomicAdd(&fill[e], 1)] = r;
+  }
 }
 
 // y[t, i] = bf16(sum_j wt[t, j] o[t * k + j, i]), slot order (waits for the down kernel where launched
-// with PDL). The loads of 8 slots are issued together, then summed in j order (a loop that waits for each
-// load before the next cost ~k L2 round trips: 4.5 us at k = 16, session 11's profile).
+// with PDL)
 __global__ void combine_kernel(const __nv_bfloat16* o, const float* wt, int64_t n_tok, int k, int d, float* y,
                                int64_t ldy) {
   pdl_wait();
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= n_tok * d) return;
   const int64_t t = e / d, i = e % d;
-  const __nv_bfloat16* ot = o + t * k * d + i;
-  const float* wtt = wt + t * k;
   float acc = 0.f;
-  int j = 0;
-  for (; j + 8 <= k; j += 8) {
-    float v[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) v[u] = __bfloat162float(ot[(j + u) * d]);
-#pragma unroll
-    for (int u = 0; u < 8; ++u) acc += wtt[j + u] * v[u];
-  }
-  for (; j < k; ++j) acc += wtt[j] * __bfloat162float(ot[j * d]);
+  for (int j = 0; j < k; ++j) acc += wt[t * k + j] * __bfloat162float(o[(t * k + j) * d + i]);
   y[t * ldy + i] = round_bf16_dev(acc);
 }
 
@@ -930,7 +909,7 @@ template <int RING, int DEPTH, int MINB, bool LUT = false, bool PDL = false, boo
 void run_decode(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g) {
   constexpr int BT = moe::kDecodeTile;
   const unsigned max_tiles = unsigned(decode_tiles(n_rows, p.n_expert));
-  sort_kernel<<<1, kSortThreads, sort_smem_bytes(p.n_expert), g.stream>>>(
+  sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(
       p.sel, int(n_rows), p.n_expert, BT, s.offsets, s.tile_start, s.order, s.tiles, int(max_tiles));
   K3_CUDA_LAUNCH_CHECK();
   GemmArgs a{p.experts, s.tiles, s.offsets, s.tile_start, s.order, p.n_expert, p.k,
@@ -963,7 +942,7 @@ void run_decode_f16(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows,
   pdl = pdl && T == 2 && depth == 2;
   const unsigned max_tiles = unsigned(decode_tiles(n_rows, p.n_expert, T));
   __half* img_z = reinterpret_cast<__half*>(s.zb);
-  sort_kernel<<<1, kSortThreads, sort_smem_bytes(p.n_expert), g.stream>>>(
+  sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(
       p.sel, int(n_rows), p.n_expert, T, s.offsets, s.tile_start, s.order, s.tiles, int(max_tiles));
   K3_CUDA_LAUNCH_CHECK();
   f16_image(p.z, p.ldz ? p.ldz : p.d_in, nullptr, p.n_tok, p.d_in, img_z, s.fz, g.stream, pdl);
@@ -991,7 +970,7 @@ void launch_gemm(const GemmArgs& a, int64_t n_rows, GpuContext& g) {
 
 template <int BT, bool REP = false>
 void run_path(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g) {
-  sort_kernel<<<1, kSortThreads, sort_smem_bytes(p.n_expert), g.stream>>>(p.sel, int(n_rows), p.n_expert, BT,
+  sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(p.sel, int(n_rows), p.n_expert, BT,
                                                                           s.offsets, s.tile_start, s.order);
   K3_CUDA_LAUNCH_CHECK();
   GemmArgs a{p.experts, nullptr, s.offsets, s.tile_start, s.order, p.n_expert, p.k,
@@ -1003,8 +982,9 @@ void run_path(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuCo
 
 // the wgmma prefill path (moe::wg_ok): tiles of <= kWgTile rows, activations and h in the wg order
 void run_wg(const MoeExpertsParams& p, const Scratch& s, int64_t n_rows, GpuContext& g) {
-  sort_kernel<<<1, kSortThreads, sort_smem_bytes(p.n_expert), g.stream>>>(
-      p.sel, int(n_rows), p.n_expert, moe::kWgTile, s.offsets, s.tile_start, s.order);
+  sort_kernel<<<1, kSortThreads, size_t(2) * p.n_expert * 4, g.stream>>>(p.sel, int(n_rows), p.n_expert,
+                                                                          moe::kWgTile, s.offsets, s.tile_start,
+                                                                          s.order);
   K3_CUDA_LAUNCH_CHECK();
   GemmArgs a{p.experts, nullptr, s.offsets, s.tile_start, s.order, p.n_expert, p.k,
              p.d_ff,    p.d_in,  s.zb,      s.h,          p.act,   p.beta1,    p.beta2};
