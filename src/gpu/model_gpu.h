@@ -130,14 +130,14 @@ class GpuModel {
   using LayerInputFn = std::function<const float*(int layer, int64_t n)>;
   void set_layer_inputs(LayerInputFn fn) { inject_ = std::move(fn); }
 
-  // OPT-IN, compiled but not yet run on a GPU (ModelOptions::cuda_graph, K3_CUDA_GRAPH=1, k3 --cuda-graph):
-  // decode steps (every sequence of the call adds one token; no trace, no layer inputs, at most 64
-  // sequences) run as CUDA graphs: the batch is padded to a bucket
-  // (1, 2, 4, 8, 16, 32, 64) with scratch sequences, the step's pieces run in piecewise graphs captured at
-  // the bucket's second step (the first runs eagerly: it warms up cuBLAS and the kernels' lazy set-up) and
-  // replayed after that with only the token ids copied in; the MLA / DSA attention sub-layers run eagerly
-  // between the graphs because their kernels take the positions as host values (step_graph.cuh). Scratch
-  // comes from one device arena sized for the largest bucket. Results equal the eager run bit for bit.
+  // Opt-in (ModelOptions::cuda_graph, K3_CUDA_GRAPH=1, k3 --cuda-graph; run on GPUs since session 4,
+  // docs/cuda.md): decode steps (every sequence of the call adds one token; no trace, no layer inputs, at
+  // most 64 sequences) run as CUDA graphs: the batch is padded to a bucket (1, 2, 4, 8, 16, 32, 64) with
+  // scratch sequences, the step's pieces run in piecewise graphs captured at the bucket's second step (the
+  // first runs eagerly: it warms up cuBLAS and the kernels' lazy set-up) and replayed after that with only
+  // the token ids copied in; the MLA / DSA attention sub-layers run eagerly between the graphs because their
+  // kernels take the positions as host values (step_graph.cuh). Scratch comes from one device arena sized for
+  // the largest bucket. Results equal the eager run bit for bit.
   void set_cuda_graph(bool on) { graphs_on_ = on; }
   // Benchmark / check hooks on a loaded model (the uploaded weights do not depend on either).
   void set_precision(Precision p) { opt_.precision = p; }

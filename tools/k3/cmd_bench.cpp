@@ -21,7 +21,7 @@
 // written, median of 10, measured in the same run), and every test gets a byte floor: decode step =
 // bytes/step above / copy bandwidth; prefill = (weights + the state after the prompt) / copy bandwidth. ratio
 // = floor / measured time (1 = at the floor). The KDA path (fast bf16 kernels or the generic exact ones) is
-// printed. (The --device cuda floors are new in session 3 and have not yet run on a GPU.)
+// printed.
 #include <unistd.h>
 
 #include <algorithm>
@@ -176,7 +176,7 @@ Status run(const BenchArgs& a) {
   std::vector<float> logits;
   std::string kda = "cpu";
   double copy_bw = 0;  // --device cuda
-  if (l.gpu) {         // (new in session 3, not yet run on a GPU: a failure only drops the floors)
+  if (l.gpu) {         // (a failure only drops the floors)
     Result<double> cb = device_copy_bandwidth();
     if (cb.ok())
       copy_bw = *cb;

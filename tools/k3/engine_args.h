@@ -28,7 +28,7 @@ struct ModelArgs {
   std::string precision = "fp32";  // --precision fp32 | bf16
   int threads = 0;                 // -t; 0 = all cores
   std::string device = "cpu";      // --device cpu | cuda
-  bool cuda_graph = false;         // --cuda-graph: GPU decode steps as CUDA graphs (opt-in, not yet run on a GPU)
+  bool cuda_graph = false;         // --cuda-graph: GPU decode steps as CUDA graphs (opt-in)
 };
 // with_device: also --device cpu|cuda (commands whose forward calls go through Sequence).
 void add_model_options(CLI::App* cmd, ModelArgs* a, bool with_device = false);

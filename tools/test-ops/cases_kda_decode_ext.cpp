@@ -1,6 +1,6 @@
 // cases_kda_decode_ext.cpp: test-ops cases for the optional fields of KdaDecodeParams (src/ops/kda_fast.h)
 // that the GPU model's fast KDA path uses, on the fp64 host reference (the GPU kernel that serves them,
-// kda_fast_decode_tma.cu, has not yet run on a GPU; bench_kda checks it against this reference there).
+// kda_fast_decode_tma.cu, is also checked against this reference by bench_kda on the GPU machine).
 //
 // kda_fast_decode_ext: ref = kda_decode_fast_ref with per-sequence state pointers (S_seq, conv_seq), the conv
 //   taps in three arrays (conv_w_k, conv_w_v) and every traced intermediate requested (q_out ... o_out);
